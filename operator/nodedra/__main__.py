@@ -1,0 +1,5 @@
+"""``python -m nodedra``: the same as the ``nodedra`` command."""
+
+from nodedra.cli import main
+
+raise SystemExit(main())

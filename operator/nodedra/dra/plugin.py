@@ -1,0 +1,438 @@
+"""The DRA kubelet plugin: registration, Prepare/Unprepare, ResourceSlices, CDI specs.
+
+The plugin owns the kubelet-facing plumbing and none of the decisions. Which devices exist
+and what a claim gets are the policy's; making an allocation durable is the owner's. Every
+kubelet request holds the owner's lock across "policy decides, owner commits, CDI spec is
+written", so kubelet requests serialize against everything else that touches the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes import client as k8s
+
+from .cdi import CDIStore
+from .claims import AllocationResult, ClaimError, ClaimRef, claim_ref, claim_results
+from .endpoint import KUBELET_PLUGINS_DIR, SocketPaths, instance_lock, socket_paths
+from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
+from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
+from .listattrs import probe_list_attributes
+from .publisher import SlicePublisher
+from .results import PreparedDevice, PrepareResult
+from .service import PluginServers
+from .slices import ApplyReport, Device, SliceApplier
+
+log = logging.getLogger(__name__)
+
+ContainerEdits = Mapping[str, Any]
+
+
+class Owner(Protocol):
+    """Who the plugin serializes kubelet requests against, commits through, and asks to stop.
+
+    The owner *is* a lock: the plugin holds it for every kubelet request, once per request.
+    """
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock."""
+        ...
+
+    def release(self) -> None:
+        """Give the lock back."""
+        ...
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> object: ...
+
+    def claim_allocated(self) -> None:
+        """Make the allocation the policy just made durable; raise if that failed.
+
+        Called with the lock held, once per claim, before the claim's CDI spec is written:
+        what a container may be started with must already be on disk.
+        """
+        ...
+
+    def claim_released(self) -> None:
+        """Make the release the policy just made durable; raise if that failed."""
+        ...
+
+    def request_shutdown(self, reason: str) -> None:
+        """Ask the owner to shut down, for an error the plugin cannot recover from.
+
+        Runs on the very thread whose failure it reports, which ``Plugin.stop`` may wait
+        for: it must return and leave stopping the plugin to the shutdown it triggers.
+        """
+        ...
+
+
+class ClaimPolicy(Protocol):
+    """What the plugin asks of the policy."""
+
+    def allocate_claim(
+        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
+    ) -> Sequence[ContainerEdits]:
+        """Allocate ``claim``'s resources; one non-empty CDI container edit per result.
+
+        ``results`` are this driver's results only. Called again for a claim prepared
+        before, the policy must answer the same and allocate nothing more. On failure it
+        raises and leaves nothing allocated.
+        """
+        ...
+
+    def release_claim(self, uid: str) -> None:
+        """Release what ``allocate_claim`` allocated; an unknown UID is not an error."""
+        ...
+
+
+@dataclass
+class Options:
+    """What a plugin needs beyond its driver name."""
+
+    node_name: str
+    """The node whose devices the plugin publishes."""
+    kube_client: k8s.ApiClient | ClusterAPI
+    """An official client (or anything speaking :class:`ClusterAPI`) for claims and slices."""
+    owner: Owner
+    policy: ClaimPolicy
+    registrar_dir: Path | str | None = None
+    """Where the registration socket goes; None: the kubelet's registry directory."""
+    plugin_data_dir: Path | str | None = None
+    """Where the DRA socket goes; None: the driver's directory under the kubelet's plugins."""
+    cdi_dir: Path | str | None = None
+    """Where the claims' CDI specs go; None: the directory runtimes watch for generated specs."""
+    rolling_update_uid: str | None = None
+    """This instance's pod UID, to run beside another instance during a rolling update."""
+    resync_period: float = 30.0
+    """Seconds between checks that our ResourceSlices are still as published."""
+
+
+class Plugin:
+    """A DRA kubelet plugin for one driver on one node."""
+
+    def __init__(self, driver_name: str, options: Options) -> None:
+        if not driver_name:
+            raise ValueError("a DRA plugin needs a driver name")
+        if not options.node_name:
+            raise ValueError("a DRA plugin needs the name of its node")
+        for required in ("kube_client", "owner", "policy"):
+            if getattr(options, required) is None:
+                raise ValueError(f"a DRA plugin needs options.{required}")
+        self._driver = driver_name
+        self._options = options
+        self._owner = options.owner
+        self._policy = options.policy
+        self._cdi = CDIStore(driver_name, options.cdi_dir)
+        self._api: ClusterAPI = (
+            KubeClusterAPI(options.kube_client)
+            if isinstance(options.kube_client, k8s.ApiClient)
+            else options.kube_client
+        )
+        self._plugin_data_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / driver_name)
+        self._paths: SocketPaths = socket_paths(
+            driver_name,
+            Path(options.registrar_dir) if options.registrar_dir else None,
+            self._plugin_data_dir,
+            options.rolling_update_uid,
+        )
+        self._mu = threading.Lock()  # guards the fields below, never held across I/O
+        self._devices: list[Device] = []
+        self._servers: PluginServers | None = None
+        self._publisher: SlicePublisher | None = None
+        self._allowed = threading.Event()
+        self._list_attributes: bool | None = None
+
+    @property
+    def driver_name(self) -> str:
+        """The DRA driver this plugin serves."""
+        return self._driver
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        """The directory of the DRA socket (and of the lock shared during rolling updates)."""
+        return self._plugin_data_dir
+
+    @property
+    def sockets(self) -> SocketPaths:
+        """The registration and DRA sockets of this instance."""
+        return self._paths
+
+    @property
+    def cdi(self) -> CDIStore:
+        """The CDI specs of the claims this driver prepared."""
+        return self._cdi
+
+    # Lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve the kubelet, register with it, and publish the devices given so far."""
+        with self._mu:
+            if self._servers is not None:
+                raise RuntimeError(f"DRA plugin {self._driver} already started")
+            self._plugin_data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            servers = PluginServers(self._driver, self._paths, self, self.handle_error)
+            publisher = SlicePublisher(
+                SliceApplier(self._api, self._options.node_name, self._driver),
+                self.handle_error,
+                resync_period=self._options.resync_period,
+            )
+            publisher.publish(self._devices)
+            servers.start()
+            publisher.start()
+            self._servers, self._publisher = servers, publisher
+        log.info("DRA plugin %s started on node %s", self._driver, self._options.node_name)
+
+    def stop(self) -> None:
+        """Unregister and stop serving, after the requests in flight. Idempotent.
+
+        Must not be called holding the owner's lock: a request in flight holds it, and
+        stop waits for that request. The ResourceSlices stay: the kubelet wipes them if
+        the driver does not come back, and a new instance takes them over if it does.
+        """
+        with self._mu:
+            servers, self._servers = self._servers, None
+            publisher, self._publisher = self._publisher, None
+        if servers is not None:
+            servers.stop()
+        if publisher is not None:
+            publisher.stop()
+        if servers is not None:
+            log.info("DRA plugin %s stopped", self._driver)
+
+    def allow_claims(self) -> None:
+        """Let the plugin serve claims, once the owner has synchronized its own state.
+
+        Until then the kubelet's requests are refused as a whole, which costs a retry: a
+        claim committed while the owner is still synchronizing would not stick.
+        """
+        self._allowed.set()
+
+    # Publishing ----------------------------------------------------------------------
+
+    def publish(self, devices: Sequence[Device]) -> None:
+        """Replace the published devices with (a copy of) ``devices``.
+
+        Devices given before the plugin starts are published when it starts. Publishing
+        happens in the background and is retried until it succeeds.
+        """
+        with self._mu:
+            self._devices = copy.deepcopy(list(devices))
+            if self._publisher is not None:
+                self._publisher.publish(self._devices)
+
+    def resync(self) -> None:
+        """Check our ResourceSlices against what we publish now (e.g. after a watch event)."""
+        with self._mu:
+            if self._publisher is not None:
+                self._publisher.resync()
+
+    def wait_published(self, timeout: float) -> ApplyReport | None:
+        """Wait until the devices published so far are on the API server; None on timeout."""
+        with self._mu:
+            publisher = self._publisher
+        return publisher.wait_synced(timeout) if publisher is not None else None
+
+    def list_attributes_supported(self) -> bool:
+        """Whether the API server keeps device attributes whose value is a list.
+
+        Probed once, by a server-side dry-run create of a slice with such an attribute.
+        False when the server has no resource.k8s.io/v1 (DRA is off).
+        """
+        if self._list_attributes is None:
+            try:
+                self._list_attributes = probe_list_attributes(
+                    self._api, self._options.node_name, self._driver
+                )
+            except KubeAPIError as err:
+                log.warning("cannot tell whether list attributes are supported: %s", err)
+                return False
+        return self._list_attributes
+
+    # Errors and health ---------------------------------------------------------------
+
+    def handle_error(self, err: Exception, msg: str) -> None:
+        """Handle a failure in the background: log a recoverable one, shut down on others.
+
+        A failed publication is retried by itself. Anything else is one of our gRPC servers
+        giving up: the driver stays registered but can no longer serve the kubelet, and
+        nothing here would bring it back, so the owner is asked to shut down.
+        """
+        if isinstance(err, RecoverableError):
+            log.warning("dra: %s: %s", msg, err)
+            return
+        log.error("dra: fatal error: %s: %s", msg, err)
+        self._owner.request_shutdown(f"dra: {msg}: {err}")
+
+    def watch_health_status(self) -> None:
+        """Decline to report device health.
+
+        Our devices are the node's own CPUs and memory: the kubelet already knows whether
+        the node is healthy, and there is nothing per device we could add. No health
+        service is served, so the kubelet gets UNIMPLEMENTED and stops asking.
+        """
+        raise HealthNotSupportedError(f"driver {self._driver} does not report device health")
+
+    # Kubelet requests ----------------------------------------------------------------
+
+    def node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Serve NodePrepareResources: fetch the claims, then prepare them under the lock."""
+        self._check_allowed()
+        answers: dict[str, PrepareResult] = {}
+        fetched: list[Mapping[str, Any]] = []
+        for ref in claims:  # outside the lock: API calls must not hold up other requests
+            try:
+                fetched.append(self._fetch(ref))
+            except ClaimError as err:
+                log.error("%s", err)
+                answers[ref.uid] = PrepareResult(error=err)
+        with instance_lock(self._paths.lock):
+            prepared = self.prepare_resource_claims(fetched) if fetched else {}
+        return {ref.uid: answers.get(ref.uid) or prepared[ref.uid] for ref in claims}
+
+    def node_unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """Serve NodeUnprepareResources."""
+        self._check_allowed()
+        with instance_lock(self._paths.lock):
+            return self.unprepare_resource_claims(claims)
+
+    def prepare_resource_claims(
+        self, claims: Sequence[Mapping[str, Any]]
+    ) -> dict[str, PrepareResult]:
+        """Prepare each claim on its own; one result per claim UID.
+
+        The kubelet asks for all the claims of a pod at once but records the answer per
+        claim and retries the failed ones, so failing them together would only throw away
+        the claims that were prepared.
+        """
+        self._check_allowed()
+        answers: dict[str, PrepareResult] = {}
+        with self._owner:
+            for claim in claims:
+                try:
+                    ref = claim_ref(claim)
+                except ClaimError as err:
+                    answers[""] = PrepareResult(error=err)
+                    continue
+                try:
+                    answers[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, claim))
+                except Exception as err:  # one claim's failure, whatever it is, stays its own
+                    error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
+                    log.error("%s", error)
+                    answers[ref.uid] = PrepareResult(error=error)
+        return answers
+
+    def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """Release what was prepared for each claim; unknown claims succeed."""
+        self._check_allowed()
+        answers: dict[str, Exception | None] = {}
+        with self._owner:
+            for ref in claims:
+                try:
+                    self._release_claim(ref)
+                    answers[ref.uid] = None
+                except Exception as err:
+                    error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
+                    log.error("%s", error)
+                    answers[ref.uid] = error
+        return answers
+
+    def _check_allowed(self) -> None:
+        if not self._allowed.is_set():
+            raise NotServingClaimsError(
+                f"dra: driver {self._driver} cannot serve claims yet, "
+                "still synchronizing with the runtime"
+            )
+
+    def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
+        if not ref.uid:
+            raise ClaimError(f"claim {ref.namespace}/{ref.name}: the request has no claim UID")
+        try:
+            claim = self._api.get_claim(ref.namespace, ref.name)
+        except KubeAPIError as err:
+            raise ClaimError(f"claim {ref}: cannot get it from the API server: {err}") from err
+        uid = str((claim.get("metadata") or {}).get("uid") or "")
+        if uid != ref.uid:
+            raise ClaimError(f"claim {ref} was replaced: the API server has UID {uid!r}")
+        status = claim.get("status")
+        if not isinstance(status, Mapping) or status.get("allocation") is None:
+            raise ClaimError(f"claim {ref} is not allocated")
+        return claim
+
+    def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+        results = claim_results(claim, self._driver)
+        if not results:
+            log.warning("claim %s has no devices of %s: nothing to prepare", ref, self._driver)
+            return ()
+        prepared_before = self._cdi.has_claim(ref.uid)
+        try:
+            edits = list(self._policy.allocate_claim(claim, results))
+        except Exception as err:
+            raise ClaimError(f"claim {ref}: the policy failed to allocate it: {err}") from err
+        try:
+            if len(edits) != len(results):
+                raise ClaimError(
+                    f"claim {ref}: the policy gave {len(edits)} CDI edits "
+                    f"for {len(results)} allocation results"
+                )
+            spec = self._cdi.claim_spec(ref.uid, edits)  # a bad spec fails before the commit
+            try:
+                self._owner.claim_allocated()
+            except Exception as err:
+                raise ClaimError(f"claim {ref}: committing the allocation failed: {err}") from err
+            names = self._cdi.write_spec(spec)
+        except Exception:
+            self._undo(ref, rollback=not prepared_before)
+            raise
+        return tuple(
+            PreparedDevice(
+                requests=(result.base_request,),
+                pool_name=result.pool,
+                device_name=result.device,
+                cdi_device_ids=(name,),
+                share_id=result.share_id,
+            )
+            for result, name in zip(results, names, strict=True)
+        )
+
+    def _undo(self, ref: ClaimRef, *, rollback: bool) -> None:
+        """Undo a failed prepare, unless the claim was prepared before.
+
+        A claim with a spec may have running containers: a failed re-prepare must not take
+        their resources away, so it stays allocated as it was.
+        """
+        if not rollback:
+            log.warning("claim %s was prepared before: it stays allocated", ref)
+            return
+        try:
+            self._release_claim(ref)
+        except Exception as err:
+            log.error("claim %s: rolling back the failed prepare failed too: %s", ref, err)
+
+    def _release_claim(self, ref: ClaimRef) -> None:
+        """Release a claim: policy, commit, then spec.
+
+        In that order, what a failure leaves behind is a spec, never an allocation nobody
+        accounts for.
+        """
+        try:
+            self._policy.release_claim(ref.uid)
+        except Exception as err:
+            raise ClaimError(f"claim {ref}: the policy failed to release it: {err}") from err
+        try:
+            self._owner.claim_released()
+        except Exception as err:
+            raise ClaimError(f"claim {ref}: committing the release failed: {err}") from err
+        self._cdi.remove_claim(ref.uid)
+
+
+def _claim_error(ref: ClaimRef, err: Exception) -> ClaimError:
+    error = ClaimError(f"claim {ref}: {type(err).__name__}: {err}")
+    error.__cause__ = err
+    return error

@@ -1,0 +1,233 @@
+"""Fakes of nodedra's own protocols for the plugin's unit tests: Owner, ClaimPolicy, ClusterAPI.
+
+The ClusterAPI fake stands in for our thin API wrapper only in unit tests of our own logic;
+the integration tests run the same code against a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nodedra.dra import AllocationResult, KubeAPIError
+
+DRIVER = "test.nri.io"
+NODE = "node-a"
+
+
+class FakeOwner:
+    """A lock that counts, commits that can be made to fail, and recorded shutdowns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.locks = 0
+        self.unlocks = 0
+        self.commits = 0
+        self.commit_error: Exception | None = None
+        self.shutdowns: list[str] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        self.locks += got
+        return got
+
+    def release(self) -> None:
+        self.unlocks += 1
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def claim_allocated(self) -> None:
+        assert self._lock.locked(), "commit without the lock"
+        self.commits += 1
+        if self.commit_error is not None:
+            raise self.commit_error
+
+    def claim_released(self) -> None:
+        assert self._lock.locked(), "commit without the lock"
+        self.commits += 1
+        if self.commit_error is not None:
+            raise self.commit_error
+
+    def request_shutdown(self, reason: str) -> None:
+        self.shutdowns.append(reason)
+
+
+class FakePolicy:
+    """Records what it was asked; by default one ``NRI_DEVICE=<device>`` env edit per result."""
+
+    def __init__(self) -> None:
+        self.claims: list[Mapping[str, Any]] = []
+        self.results: list[list[AllocationResult]] = []
+        self.allocated: dict[str, list[str]] = {}
+        self.releases: list[str] = []
+        self.edits: list[Mapping[str, Any]] | None = None
+        self.allocate_error: Exception | None = None
+        self.fail_uid: str | None = None
+        self.release_error: Exception | None = None
+
+    def allocate_claim(
+        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
+    ) -> list[Mapping[str, Any]]:
+        uid = claim["metadata"]["uid"]
+        self.claims.append(claim)
+        self.results.append(list(results))
+        if self.allocate_error is not None and self.fail_uid in (None, uid):
+            raise self.allocate_error
+        self.allocated[uid] = [r.device for r in results]
+        if self.edits is not None:
+            return self.edits
+        return [{"env": [f"NRI_DEVICE={r.device}"]} for r in results]
+
+    def release_claim(self, uid: str) -> None:
+        self.releases.append(uid)
+        if self.release_error is not None:
+            raise self.release_error
+        self.allocated.pop(uid, None)
+
+
+class FakeCluster:
+    """An in-memory ClusterAPI: claims to get, one node, slices with names and versions."""
+
+    def __init__(self, node: str = NODE) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes = {node: str(uuid.uuid4())}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.fail_next: list[KubeAPIError] = []
+        self.keeps_list_attributes = False
+        self._versions = itertools.count(1)
+        self._names = itertools.count()
+        self.lock = threading.Lock()
+
+    def _maybe_fail(self) -> None:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self._maybe_fail()
+        try:
+            return copy.deepcopy(self.claims[(namespace, name)])
+        except KeyError:
+            raise KubeAPIError(404, f'resourceclaims "{name}" not found') from None
+
+    def get_node_uid(self, name: str) -> str:
+        self._maybe_fail()
+        if name not in self.nodes:
+            raise KubeAPIError(404, f'nodes "{name}" not found')
+        return self.nodes[name]
+
+    def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
+        self._maybe_fail()
+        with self.lock:
+            return [
+                copy.deepcopy(s)
+                for s in self.slices.values()
+                if s["spec"]["nodeName"] == node_name and s["spec"]["driver"] == driver
+            ]
+
+    def create_slice(self, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        self._maybe_fail()
+        stored = copy.deepcopy(dict(body))
+        meta = stored["metadata"]
+        meta["name"] = meta.pop("generateName") + f"{next(self._names):05d}"
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._versions))
+        if dry_run:
+            if not self.keeps_list_attributes:
+                for device in stored["spec"]["devices"]:
+                    for attribute in device.get("attributes", {}).values():
+                        attribute.pop("ints", None)
+            return stored
+        with self.lock:
+            self.slices[meta["name"]] = stored
+            self.writes.append(("create", meta["name"]))
+        return copy.deepcopy(stored)
+
+    def update_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._maybe_fail()
+        stored = copy.deepcopy(dict(body))
+        name = stored["metadata"]["name"]
+        with self.lock:
+            current = self.slices.get(name)
+            if current is None:
+                raise KubeAPIError(404, f'resourceslices "{name}" not found')
+            if current["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+                raise KubeAPIError(409, "the object has been modified")
+            stored["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.slices[name] = stored
+            self.writes.append(("update", name))
+        return copy.deepcopy(stored)
+
+    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
+        self._maybe_fail()
+        with self.lock:
+            current = self.slices.get(name)
+            if current is None:
+                return
+            meta = current["metadata"]
+            if (meta["uid"], meta["resourceVersion"]) != (uid, resource_version):
+                raise KubeAPIError(409, "precondition failed")
+            del self.slices[name]
+            self.writes.append(("delete", name))
+
+    # Helpers for tests -------------------------------------------------------------------
+
+    def edit_slice(self, name: str, **spec: Any) -> None:
+        """Someone else changes a slice."""
+        with self.lock:
+            self.slices[name]["spec"].update(spec)
+            self.slices[name]["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def pool_devices(self) -> list[dict[str, Any]]:
+        """The devices of the current generation, in creation order."""
+        with self.lock:
+            slices = list(self.slices.values())
+        top = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+        return [
+            d
+            for s in slices
+            if s["spec"]["pool"]["generation"] == top
+            for d in s["spec"]["devices"]
+        ]
+
+
+def make_claim(
+    uid: str,
+    results: Sequence[Mapping[str, Any]],
+    *,
+    namespace: str = "default",
+    name: str | None = None,
+    config: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A ResourceClaim in API JSON, allocated with ``results``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": namespace, "name": name or f"claim-{uid}", "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": list(results), "config": list(config)}}},
+    }
+
+
+def result(
+    request: str, device: str, *, driver: str = DRIVER, pool: str = "test-pool", **extra: Any
+) -> dict[str, Any]:
+    """One allocation result in API JSON."""
+    return {"request": request, "driver": driver, "pool": pool, "device": device, **extra}
+
+
+def devices(count: int, prefix: str = "cpu") -> list[dict[str, Any]]:
+    """``count`` published devices in API JSON."""
+    return [{"name": f"{prefix}{i}", "attributes": {"index": {"int": i}}} for i in range(count)]

@@ -1,0 +1,453 @@
+"""The plugin's contract with its owner and policy: lifecycle, the gate, prepare and unprepare."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodedra.dra import (
+    ClaimError,
+    ClaimRef,
+    HealthNotSupportedError,
+    KubeAPIError,
+    NotServingClaimsError,
+    Options,
+    Plugin,
+    PreparedDevice,
+    RecoverableError,
+)
+from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
+from tests.unit.dra.fakes import (
+    DRIVER,
+    NODE,
+    FakeCluster,
+    FakeOwner,
+    FakePolicy,
+    devices,
+    make_claim,
+    result,
+)
+
+
+class Rig:
+    """A plugin with fakes of our own protocols around it, in a scratch directory."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.owner = FakeOwner()
+        self.policy = FakePolicy()
+        self.cluster = FakeCluster()
+        self.cdi_dir = tmp / "cdi"
+        self.options = Options(
+            node_name=NODE,
+            kube_client=self.cluster,
+            owner=self.owner,
+            policy=self.policy,
+            registrar_dir=tmp / "registry",
+            plugin_data_dir=tmp / "plugins" / DRIVER,
+            cdi_dir=self.cdi_dir,
+        )
+        self.plugin = Plugin(DRIVER, self.options)
+
+    def add(self, claim: dict[str, Any]) -> ClaimRef:
+        meta = claim["metadata"]
+        self.cluster.claims[(meta["namespace"], meta["name"])] = claim
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+    def specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.glob("*.yaml")) if self.cdi_dir.exists() else []
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+@pytest.fixture
+def allowed(rig: Rig) -> Rig:
+    rig.plugin.allow_claims()
+    return rig
+
+
+# --- construction and lifecycle -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("driver", "change", "message"),
+    [
+        ("", {}, "driver name"),
+        (DRIVER, {"node_name": ""}, "name of its node"),
+        (DRIVER, {"kube_client": None}, "kube_client"),
+        (DRIVER, {"owner": None}, "owner"),
+        (DRIVER, {"policy": None}, "policy"),
+        ("1.nri.io", {}, "invalid CDI vendor"),
+    ],
+)
+def test_new_refuses_missing_parts(
+    rig: Rig, driver: str, change: dict[str, Any], message: str
+) -> None:
+    for key, value in change.items():
+        setattr(rig.options, key, value)
+    with pytest.raises(ValueError, match=message):
+        Plugin(driver, rig.options)
+
+
+def test_default_directories(rig: Rig) -> None:
+    rig.options.plugin_data_dir = None
+    rig.options.registrar_dir = None
+    rig.options.cdi_dir = None
+    plugin = Plugin(DRIVER, rig.options)
+    assert plugin.plugin_data_dir == KUBELET_PLUGINS_DIR / DRIVER
+    assert plugin.sockets.dra == KUBELET_PLUGINS_DIR / DRIVER / "dra.sock"
+    assert (
+        plugin.sockets.registration
+        == Path("/var/lib/kubelet/plugins_registry") / f"{DRIVER}-reg.sock"
+    )
+    assert plugin.cdi.directory == Path("/var/run/cdi")
+
+
+def test_rolling_update_sockets(rig: Rig) -> None:
+    rig.options.rolling_update_uid = "pod-1"
+    plugin = Plugin(DRIVER, rig.options)
+    assert plugin.sockets.dra.name == "dra-pod-1.sock"
+    assert plugin.sockets.registration.name == f"{DRIVER}-pod-1-reg.sock"
+    assert plugin.sockets.lock == rig.tmp / "plugins" / DRIVER / "serialize.lock"
+
+
+def test_start_publishes_devices_given_before(rig: Rig) -> None:
+    rig.plugin.publish(devices(3))
+    rig.plugin.start()
+    try:
+        assert rig.plugin.wait_published(10) is not None
+        assert rig.cluster.pool_devices() == devices(3)
+        assert rig.plugin.sockets.dra.is_socket()
+        assert rig.plugin.sockets.registration.is_socket()
+        rig.plugin.publish(devices(5))
+        assert rig.plugin.wait_published(10) is not None
+        assert rig.cluster.pool_devices() == devices(5)
+    finally:
+        rig.plugin.stop()
+
+
+def test_no_devices_publish_one_empty_slice(rig: Rig) -> None:
+    rig.plugin.start()
+    try:
+        assert rig.plugin.wait_published(10) is not None
+    finally:
+        rig.plugin.stop()
+    (only,) = rig.cluster.slices.values()
+    assert only["spec"]["driver"] == DRIVER
+    assert only["spec"]["devices"] == []
+
+
+def test_publish_copies_its_input(rig: Rig) -> None:
+    given = devices(2)
+    rig.plugin.publish(given)
+    given[0]["name"] = "mutated"
+    rig.plugin.start()
+    try:
+        assert rig.plugin.wait_published(10) is not None
+    finally:
+        rig.plugin.stop()
+    assert rig.cluster.pool_devices() == devices(2)
+
+
+def test_start_twice_stop_idempotent_restart(rig: Rig) -> None:
+    rig.plugin.stop()  # before start: nothing to do
+    rig.plugin.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        rig.plugin.start()
+    rig.plugin.stop()
+    rig.plugin.stop()
+    assert not rig.plugin.sockets.dra.exists()
+    assert not rig.plugin.sockets.registration.exists()
+    rig.plugin.start()
+    try:
+        assert rig.plugin.sockets.dra.is_socket()
+    finally:
+        rig.plugin.stop()
+    assert rig.cluster.slices, "stopping keeps the slices"
+
+
+def test_watch_health_status_declines(rig: Rig) -> None:
+    with pytest.raises(HealthNotSupportedError):
+        rig.plugin.watch_health_status()
+
+
+def test_handle_error(rig: Rig) -> None:
+    rig.plugin.handle_error(RecoverableError(KubeAPIError(503, "busy")), "publishing")
+    assert rig.owner.shutdowns == []
+    rig.plugin.handle_error(RuntimeError("socket gone"), "gRPC server")
+    assert len(rig.owner.shutdowns) == 1
+    assert "socket gone" in rig.owner.shutdowns[0]
+    assert "gRPC server" in rig.owner.shutdowns[0]
+
+
+def test_list_attributes(rig: Rig) -> None:
+    assert rig.plugin.list_attributes_supported() is False
+    rig.cluster.keeps_list_attributes = True
+    assert Plugin(DRIVER, rig.options).list_attributes_supported() is True
+
+
+def test_list_attributes_false_without_dra(rig: Rig) -> None:
+    rig.cluster.fail_next = [KubeAPIError(404, "the server could not find the requested resource")]
+    assert rig.plugin.list_attributes_supported() is False
+
+
+def test_list_attributes_probe_is_retried_after_an_outage(rig: Rig) -> None:
+    rig.cluster.keeps_list_attributes = True
+    rig.cluster.fail_next = [KubeAPIError(0, "connection refused")]
+    assert rig.plugin.list_attributes_supported() is False
+    assert rig.plugin.list_attributes_supported() is True
+
+
+# --- the gate ---------------------------------------------------------------------------
+
+
+def test_claims_refused_before_allowed(rig: Rig) -> None:
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    for call in (
+        lambda: rig.plugin.node_prepare([ref]),
+        lambda: rig.plugin.node_unprepare([ref]),
+        lambda: rig.plugin.prepare_resource_claims([rig.cluster.claims[("default", "claim-u1")]]),
+        lambda: rig.plugin.unprepare_resource_claims([ref]),
+    ):
+        with pytest.raises(NotServingClaimsError, match="still synchronizing"):
+            call()
+    assert (rig.owner.locks, rig.policy.claims, rig.policy.releases, rig.specs()) == (0, [], [], [])
+
+
+# --- prepare ----------------------------------------------------------------------------
+
+
+def test_prepare_mixed_driver_claim(allowed: Rig) -> None:
+    rig = allowed
+    claim = make_claim(
+        "u1",
+        [
+            result("request-0", "cpu-0"),
+            result("gpu", "gpu-0", driver="gpu.example.com"),
+            result("request-1/sub", "cpu-1", shareID="share-1", consumedCapacity={"cpu": "2"}),
+        ],
+    )
+    ref = rig.add(claim)
+    answers = rig.plugin.node_prepare([ref])
+    assert list(answers) == ["u1"]
+    assert answers["u1"].error is None
+    assert answers["u1"].devices == (
+        PreparedDevice(("request-0",), "test-pool", "cpu-0", (f"{DRIVER}/device=claim-u1-0",)),
+        PreparedDevice(
+            ("request-1",), "test-pool", "cpu-1", (f"{DRIVER}/device=claim-u1-1",), "share-1"
+        ),
+    )
+    assert rig.policy.claims == [claim]
+    assert [r.device for r in rig.policy.results[0]] == ["cpu-0", "cpu-1"]
+    assert rig.policy.results[0][1].consumed_capacity == {"cpu": "2"}
+    assert (rig.owner.locks, rig.owner.unlocks, rig.owner.commits) == (1, 1, 1)
+    spec = rig.plugin.cdi.spec_path("u1")
+    assert rig.specs() == [spec.name]
+    assert "NRI_DEVICE=cpu-1" in spec.read_text()
+
+
+def test_unallocated_or_foreign_claims_prepare_nothing(allowed: Rig) -> None:
+    rig = allowed
+    foreign = make_claim("u2", [result("gpu", "gpu-0", driver="gpu.example.com")])
+    empty = make_claim("u3", [])
+    answers = rig.plugin.prepare_resource_claims([foreign, empty])
+    assert {uid: (a.devices, a.error) for uid, a in answers.items()} == {
+        "u2": ((), None),
+        "u3": ((), None),
+    }
+    assert (rig.policy.claims, rig.owner.commits, rig.specs()) == ([], 0, [])
+
+
+def test_fetch_errors_are_per_claim(allowed: Rig) -> None:
+    rig = allowed
+    good = rig.add(make_claim("good", [result("req", "cpu-0")]))
+    unallocated = make_claim("unalloc", [])
+    del unallocated["status"]["allocation"]
+    refs = [
+        good,
+        ClaimRef("default", "missing", "m-uid"),
+        rig.add(unallocated),
+        ClaimRef("default", "claim-good", "old-uid"),  # the claim was replaced since
+        ClaimRef("default", "nameless", ""),
+    ]
+    answers = rig.plugin.node_prepare(refs)
+    assert set(answers) == {"good", "m-uid", "unalloc", "old-uid", ""}
+    assert answers["good"].error is None
+    assert len(answers["good"].devices) == 1
+    messages = {uid: str(a.error) for uid, a in answers.items() if uid != "good"}
+    assert "default/missing (m-uid): cannot get it from the API server: (404)" in messages["m-uid"]
+    assert "default/claim-unalloc (unalloc) is not allocated" in messages["unalloc"]
+    assert "(old-uid) was replaced: the API server has UID 'good'" in messages["old-uid"]
+    assert "default/nameless: the request has no claim UID" in messages[""]
+    assert rig.owner.locks == 1
+    assert [c["metadata"]["uid"] for c in rig.policy.claims] == ["good"]
+
+
+def test_api_outage_fails_each_claim(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.cluster.fail_next = [KubeAPIError(0, "GET ...: connection refused")]
+    answers = rig.plugin.node_prepare([ref])
+    assert "connection refused" in str(answers["u1"].error)
+    assert rig.policy.claims == []
+
+
+def test_failing_claim_is_isolated(allowed: Rig) -> None:
+    rig = allowed
+    good = rig.add(make_claim("good", [result("req", "cpu-0")]))
+    bad = rig.add(make_claim("bad", [result("req", "cpu-1")]))
+    rig.policy.allocate_error = RuntimeError("no CPUs left")
+    rig.policy.fail_uid = "bad"
+    answers = rig.plugin.node_prepare([good, bad])
+    assert answers["good"].error is None
+    assert len(answers["good"].devices) == 1
+    assert isinstance(answers["bad"].error, ClaimError)
+    assert "default/claim-bad (bad): the policy failed to allocate it: no CPUs left" in str(
+        answers["bad"].error
+    )
+    assert rig.specs() == [rig.plugin.cdi.spec_path("good").name]
+    assert rig.policy.releases == []
+    assert rig.owner.locks == 1
+
+
+def test_malformed_claim_is_isolated(allowed: Rig) -> None:
+    rig = allowed
+    good = make_claim("good", [result("req", "cpu-0")])
+    bad = make_claim("bad", [result("req", "cpu-1")])
+    bad["status"]["allocation"]["devices"]["results"][0]["device"] = 42
+    answers = rig.plugin.prepare_resource_claims([bad, good])
+    assert "results[0].device must be a non-empty string" in str(answers["bad"].error)
+    assert answers["good"].error is None
+    assert [c["metadata"]["uid"] for c in rig.policy.claims] == ["good"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("count", "the policy gave 2 CDI edits for 1 allocation results"),
+        ("commit", "committing the allocation failed: disk full"),
+        ("empty", "empty: CDI refuses a device that edits nothing"),
+    ],
+)
+def test_failed_prepare_rolls_back(allowed: Rig, fault: str, message: str) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    if fault == "count":
+        rig.policy.edits = [{"env": ["A=1"]}, {"env": ["B=2"]}]
+    elif fault == "commit":
+        rig.owner.commit_error = OSError("disk full")
+    else:
+        rig.policy.edits = [{}]
+    answers = rig.plugin.node_prepare([ref])
+    assert message in str(answers["u1"].error)
+    assert answers["u1"].devices == ()
+    assert rig.policy.releases == ["u1"]
+    assert rig.policy.allocated == {}
+    assert rig.specs() == []
+
+
+def test_bad_spec_is_refused_before_the_commit(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.policy.edits = [{"env": ["=nameless"]}]
+    answers = rig.plugin.node_prepare([ref])
+    assert "NAME=VALUE" in str(answers["u1"].error)
+    assert rig.owner.commits == 1  # only the rollback's release, never the allocation
+
+
+def test_prepare_again_answers_the_same(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0"), result("req", "cpu-1")]))
+    first = rig.plugin.node_prepare([ref])
+    second = rig.plugin.node_prepare([ref])
+    assert first == second
+    assert len(rig.policy.claims) == 2
+    assert len(rig.specs()) == 1
+
+
+def test_prepare_again_rewrites_a_lost_spec(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.plugin.node_prepare([ref])
+    rig.plugin.cdi.spec_path("u1").unlink()  # /var/run/cdi is a tmpfs: a reboot loses it
+    answers = rig.plugin.node_prepare([ref])
+    assert answers["u1"].error is None
+    assert rig.plugin.cdi.has_claim("u1")
+
+
+def test_failed_reprepare_keeps_the_allocation(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.plugin.node_prepare([ref])
+    spec = rig.plugin.cdi.spec_path("u1").read_bytes()
+    rig.owner.commit_error = OSError("disk full")
+    answers = rig.plugin.node_prepare([ref])
+    assert "disk full" in str(answers["u1"].error)
+    assert rig.policy.releases == []
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
+    assert rig.plugin.cdi.spec_path("u1").read_bytes() == spec
+
+
+def test_same_claim_twice_in_one_request(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    answers = rig.plugin.node_prepare([ref, ref])
+    assert list(answers) == ["u1"]
+    assert answers["u1"].error is None
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
+
+
+# --- unprepare --------------------------------------------------------------------------
+
+
+def test_unprepare_known_twice_and_unknown(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.plugin.node_prepare([ref])
+    unknown = ClaimRef("default", "gone", "unknown-uid")
+    answers = rig.plugin.node_unprepare([ref, ref, unknown])
+    assert answers == {"u1": None, "unknown-uid": None}
+    assert rig.policy.allocated == {}
+    assert rig.specs() == []
+    assert (rig.owner.locks, rig.owner.unlocks) == (2, 2)
+    assert rig.owner.commits == 4  # one prepare, three releases
+
+
+@pytest.mark.parametrize("fault", ["commit", "policy"])
+def test_failed_unprepare_keeps_the_spec(allowed: Rig, fault: str) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.plugin.node_prepare([ref])
+    if fault == "commit":
+        rig.owner.commit_error = OSError("disk full")
+        expected = "committing the release failed: disk full"
+    else:
+        rig.policy.release_error = RuntimeError("busy")
+        expected = "the policy failed to release it: busy"
+    answers = rig.plugin.node_unprepare([ref])
+    assert expected in str(answers["u1"])
+    assert "default/claim-u1 (u1)" in str(answers["u1"])
+    assert rig.plugin.cdi.has_claim("u1")
+
+
+# --- serialization ----------------------------------------------------------------------
+
+
+def test_requests_wait_for_the_owner_lock(allowed: Rig) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    done = threading.Event()
+    with rig.owner:
+        worker = threading.Thread(target=lambda: (rig.plugin.node_prepare([ref]), done.set()))
+        worker.start()
+        assert not done.wait(0.2)
+        assert rig.policy.claims == []
+    worker.join(10)
+    assert done.is_set()
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
