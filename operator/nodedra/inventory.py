@@ -1,0 +1,72 @@
+"""What a node has and what each policy would publish for it: ``nodedra topology``.
+
+An administrator deciding on reserved CPUs, or wondering why a claim did not fit, wants to
+see the node as nodedra sees it, without running anything against a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from nodedra.policy import POLICIES, PolicyConfig, make_policy
+from nodedra.topology import Topology, format_cpu_list
+
+
+def inventory(topology: Topology, config: PolicyConfig) -> dict[str, Any]:
+    """The topology's JSON plus, per policy, the devices it would publish under ``config``.
+
+    ``config``'s reserved CPUs apply to every policy; its options only to its own policy.
+    """
+    devices = {}
+    for name in POLICIES:
+        options = config.options if name == config.policy else {}
+        policy = make_policy(topology, PolicyConfig(name, config.reserved_cpus, options))
+        devices[name] = policy.devices()
+    return {**topology.to_json(), "devices": devices}
+
+
+def render_json(data: dict[str, Any]) -> str:
+    """``nodedra topology --json``: one JSON object."""
+    return json.dumps(data, indent=2)
+
+
+def render_text(topology: Topology, data: dict[str, Any]) -> str:
+    """``nodedra topology``: the same, for people."""
+    return "\n".join(_text(topology, data)) + "\n"
+
+
+def _text(topology: Topology, data: dict[str, Any]) -> Iterator[str]:
+    online = format_cpu_list(topology.cpus)
+    yield (
+        f"CPUs: {len(topology.cpus)} online ({online}), "
+        f"offline: {format_cpu_list(topology.offline) or 'none'}, "
+        f"isolated: {format_cpu_list(topology.isolated) or 'none'}"
+    )
+    yield (
+        f"packages: {len(topology.packages())}, cores: {len(topology.cores())}, "
+        f"threads per core: {topology.threads_per_core}"
+    )
+    for node in topology.nodes.values():
+        hugepages = ", ".join(f"{n}x{size >> 10}KiB" for size, n in node.hugepages.items() if n)
+        yield (
+            f"NUMA node {node.id}: CPUs {format_cpu_list(node.cpus) or 'none'}, "
+            f"memory {node.memory / 2**30:.1f} GiB, "
+            f"distances {','.join(map(str, node.distances.values()))}"
+            + (f", hugepages {hugepages}" if hugepages else "")
+        )
+    for policy, devices in data["devices"].items():
+        yield ""
+        yield f"{policy} devices ({len(devices)}):"
+        for device in devices:
+            yield f"  {device['name']}  {_describe(device)}"
+
+
+def _describe(device: dict[str, Any]) -> str:
+    parts = [
+        f"{name.rsplit('/', 1)[-1]}={next(iter(value.values()))}"
+        for name, value in device.get("attributes", {}).items()
+    ]
+    parts += [f"{name}={c['value']}" for name, c in device.get("capacity", {}).items()]
+    return " ".join(parts)

@@ -1,0 +1,227 @@
+"""What both policies share: the Policy protocol and the exclusive-CPU allocation flow.
+
+A policy decides which devices exist and what a claim gets. The flow around that decision
+is the same for every policy that hands out exclusive CPUs: a claim seen before gets the
+same answer and nothing more; a new claim gets all of its results or nothing; releasing an
+unknown claim is a no-op; a reconfiguration may not take CPUs that claims hold. Subclasses
+say only what their devices are and how one result is granted.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+from nodedra.dra import AllocationResult
+from nodedra.topology.cpulist import format_cpu_list
+from nodedra.topology.model import Topology
+
+from .config import PolicyConfig
+from .ledger import Grant, Ledger, PolicyError, grant_edits
+
+log = logging.getLogger(__name__)
+
+Device = dict[str, Any]
+Edits = dict[str, Any]
+
+
+class PolicyHost(Protocol):
+    """What a policy asks of whoever hosts it (the resource manager)."""
+
+    def publish_devices(self, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the published devices. Called with the owner's lock held."""
+        ...
+
+
+class Policy(Protocol):
+    """A policy as the resource manager and the plugin use it."""
+
+    @property
+    def name(self) -> str:
+        """The policy's name; the DRA driver is named after it."""
+        ...
+
+    def devices(self) -> list[Device]:
+        """The devices to publish now, in ResourceSlice JSON."""
+        ...
+
+    def start(self, host: PolicyHost, claims: Mapping[str, Any]) -> None:
+        """Take back the claims of a checkpoint (``snapshot()``'s form), then publish."""
+        ...
+
+    def allocate_claim(
+        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
+    ) -> list[Edits]:
+        """Grant ``claim``'s results; one CDI container edit per result."""
+        ...
+
+    def release_claim(self, uid: str) -> None:
+        """Give back what claim ``uid`` holds; unknown claims are fine."""
+        ...
+
+    def reconfigure(self, config: PolicyConfig) -> None:
+        """Take a new configuration, or refuse it (PolicyError) and keep the old one."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The claims held, as JSON for the checkpoint."""
+        ...
+
+    def claim_uids(self) -> frozenset[str]:
+        """The UIDs of the claims held."""
+        ...
+
+
+class ExclusiveCPUPolicy(ABC):
+    """The allocation flow of policies that give claims CPUs of their own."""
+
+    name: ClassVar[str]
+
+    def __init__(self, topology: Topology, config: PolicyConfig) -> None:
+        self._topology = topology
+        self._config = self._check_config(config)
+        self._ledger = Ledger()
+        self._host: PolicyHost | None = None
+
+    @property
+    def config(self) -> PolicyConfig:
+        """The configuration in force."""
+        return self._config
+
+    @property
+    def grantable(self) -> frozenset[int]:
+        """The CPUs claims may get: online and not reserved."""
+        return frozenset(self._topology.cpus) - self._config.reserved_cpus
+
+    # What subclasses say -------------------------------------------------------------
+
+    @abstractmethod
+    def devices(self) -> list[Device]:
+        """The devices to publish now."""
+
+    @abstractmethod
+    def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
+        """Grant one result from CPUs nobody holds and that are not in ``taken``.
+
+        ``taken`` and ``memory`` are what earlier results of the same claim got and are not
+        in the ledger yet. Raises PolicyError when the result cannot be granted.
+        """
+
+    @abstractmethod
+    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
+        """Whether ``grant`` is what ``result`` asks for (for a claim seen before)."""
+
+    def _check_node_config(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
+        """Refuse what this node cannot take of ``config``; a hook for subclasses."""
+
+    # The flow --------------------------------------------------------------------------
+
+    def start(self, host: PolicyHost, claims: Mapping[str, Any]) -> None:
+        """Take back the claims of a checkpoint, then publish the devices."""
+        ledger = Ledger.from_json(claims)
+        conflict = ledger.holders(self._config.reserved_cpus)
+        if conflict:
+            raise PolicyError(
+                f"reservedCPUs {format_cpu_list(conflict)} are held by claims "
+                f"{sorted(set(conflict.values()))} in the checkpoint: reserve other CPUs, "
+                "or release those claims first"
+            )
+        gone = ledger.allocated_cpus() - frozenset(self._topology.cpus)
+        if gone:
+            log.warning("claims hold CPUs %s which are not online now", format_cpu_list(gone))
+        self._ledger = ledger
+        self._host = host
+        host.publish_devices(self.devices())
+
+    def allocate_claim(
+        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
+    ) -> list[Edits]:
+        """Grant every result or none; a claim seen before gets its grants again."""
+        uid = str(claim["metadata"]["uid"])
+        if uid in self._ledger:
+            grants = self._ledger.grants(uid)
+            self._check_same(results, grants)
+        else:
+            grants = tuple(self._grant_all(results))
+            self._ledger.add(uid, grants)
+        return [grant_edits(uid, i, grant) for i, grant in enumerate(grants)]
+
+    def release_claim(self, uid: str) -> None:
+        """Give back what claim ``uid`` holds; an unknown claim holds nothing."""
+        self._ledger.remove(uid)
+
+    def reconfigure(self, config: PolicyConfig) -> None:
+        """Take ``config`` unless it reserves CPUs claims hold; then republish."""
+        if config.policy != self.name:
+            raise PolicyError(
+                f"configuration is for policy {config.policy}, this is {self.name}: "
+                "changing the policy takes a restart"
+            )
+        checked = self._check_config(config)
+        held = self._ledger.holders(checked.reserved_cpus)
+        if held:
+            raise PolicyError(
+                f"can't reserve CPUs {format_cpu_list(held)}: held by claims "
+                f"{sorted(set(held.values()))}"
+            )
+        self._config = checked
+        if self._host is not None:
+            self._host.publish_devices(self.devices())
+
+    def snapshot(self) -> dict[str, Any]:
+        """The claims held, as JSON for the checkpoint."""
+        return self._ledger.to_json()
+
+    def claim_uids(self) -> frozenset[str]:
+        """The UIDs of the claims held."""
+        return self._ledger.uids()
+
+    def grants(self, uid: str) -> tuple[Grant, ...]:
+        """What claim ``uid`` holds (KeyError if nothing)."""
+        return self._ledger.grants(uid)
+
+    def free_cpus(self) -> frozenset[int]:
+        """Grantable CPUs nobody holds."""
+        return self.grantable - self._ledger.allocated_cpus()
+
+    def _grant_all(self, results: Sequence[AllocationResult]) -> list[Grant]:
+        grants: list[Grant] = []
+        for index, result in enumerate(results):
+            taken = frozenset(cpu for g in grants for cpu in g.cpus)
+            memory = sum(g.memory for g in grants if g.device == result.device)
+            try:
+                grants.append(self._grant(result, taken, memory))
+            except PolicyError as err:
+                raise PolicyError(
+                    f"result {index} (request {result.request}, device {result.device}): {err}"
+                ) from None
+        return grants
+
+    def _check_same(self, results: Sequence[AllocationResult], grants: Sequence[Grant]) -> None:
+        if len(results) != len(grants):
+            raise PolicyError(f"was prepared with {len(grants)} results, now has {len(results)}")
+        for index, (result, grant) in enumerate(zip(results, grants, strict=True)):
+            if result.device != grant.device or not self._matches(result, grant):
+                raise PolicyError(
+                    f"result {index} (request {result.request}, device {result.device}) "
+                    f"differs from what it was prepared with: device {grant.device}, "
+                    f"{len(grant.cpus)} CPUs, {grant.memory} bytes"
+                )
+
+    def _check_config(self, config: PolicyConfig) -> PolicyConfig:
+        online = frozenset(self._topology.cpus)
+        absent = config.reserved_cpus - online
+        if absent:
+            log.warning(
+                "reservedCPUs %s are not online CPUs of this node; ignoring them",
+                format_cpu_list(absent),
+            )
+        if online and not online - config.reserved_cpus:
+            raise PolicyError(
+                f"reservedCPUs {format_cpu_list(config.reserved_cpus)} reserve every online "
+                f"CPU ({format_cpu_list(online)}): nothing would be left for claims"
+            )
+        self._check_node_config(config)
+        return config

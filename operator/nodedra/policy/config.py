@@ -1,0 +1,118 @@
+"""The policy configuration file: which policy, which CPUs are reserved, policy options.
+
+```yaml
+policy: topology-aware      # or: static
+reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
+options:                    # per policy, see the README
+  reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
+```
+
+Parsing checks the file on its own (unknown keys, types, cpu lists); what depends on the
+node (reserving every CPU, say) is checked when a policy takes the configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from nodedra.topology.cpulist import parse_cpu_list
+
+from .quantity import parse_quantity
+
+POLICIES = ("topology-aware", "static")
+OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "topology-aware": MappingProxyType(
+            {"reservedMemory": "memory per NUMA node kept out of claims (a quantity, e.g. 2Gi)"}
+        ),
+        "static": MappingProxyType({}),
+    }
+)
+_TOP_LEVEL = ("policy", "reservedCPUs", "options")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A parsed, checked configuration."""
+
+    policy: str = "topology-aware"
+    reserved_cpus: frozenset[int] = frozenset()
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def reserved_memory(self) -> int:
+        """Bytes per NUMA node the topology-aware policy keeps out of claims."""
+        return int(self.options.get("reservedMemory", 0))
+
+
+def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
+    """A configuration from parsed YAML; ConfigError naming ``source`` if it is bad."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: must be a mapping, not {type(data).__name__}")
+    unknown = sorted(set(data) - set(_TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys {unknown}; known: {list(_TOP_LEVEL)}")
+    policy = data.get("policy", "topology-aware")
+    if policy not in POLICIES:
+        raise ConfigError(f"{source}: policy: {policy!r} is not one of {list(POLICIES)}")
+    reserved = data.get("reservedCPUs", "")
+    if isinstance(reserved, int) and not isinstance(reserved, bool):
+        reserved = str(reserved)
+    if not isinstance(reserved, str):
+        raise ConfigError(f"{source}: reservedCPUs: must be a cpu list such as '0-1,8'")
+    try:
+        reserved_cpus = parse_cpu_list(reserved)
+    except ValueError as err:
+        raise ConfigError(f"{source}: reservedCPUs: {err}") from None
+    return PolicyConfig(policy, reserved_cpus, _options(policy, data.get("options"), source))
+
+
+def _options(policy: str, raw: object, source: str) -> Mapping[str, Any]:
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: options: must be a mapping")
+    known = OPTIONS[policy]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{source}: options: {unknown} are not options of policy {policy}; "
+            f"known: {sorted(known) or 'none'}"
+        )
+    options: dict[str, Any] = {}
+    if "reservedMemory" in raw:
+        try:
+            memory = parse_quantity(raw["reservedMemory"])
+        except ValueError as err:
+            raise ConfigError(f"{source}: options.reservedMemory: {err}") from None
+        if memory < 0 or memory.denominator != 1:
+            raise ConfigError(
+                f"{source}: options.reservedMemory: {raw['reservedMemory']!r} "
+                "is not a whole, non-negative number of bytes"
+            )
+        options["reservedMemory"] = int(memory)
+    return MappingProxyType(options)
+
+
+def load_config(path: str | Path) -> PolicyConfig:
+    """Read and check a configuration file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read configuration {path}: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_config(data, str(path))

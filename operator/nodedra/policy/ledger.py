@@ -1,0 +1,157 @@
+"""Who holds what: the claims a policy granted, and the CDI edits that tell containers.
+
+Both policies hand out exclusive CPUs (and the topology-aware one memory per NUMA node), so
+the bookkeeping is one piece of code: a ledger of grants keyed by claim UID that refuses to
+give a CPU to two claims, and that turns into and back from the checkpoint's JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
+
+ENV_PREFIX = "DRA_"
+
+
+class PolicyError(ValueError):
+    """A claim, checkpoint or configuration the policy refuses; the message says why."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one allocation result of a claim got."""
+
+    request: str
+    device: str
+    cpus: frozenset[int]
+    memory: int
+    """Bytes of memory, taken from the NUMA nodes in ``mems``."""
+    mems: frozenset[int]
+
+    def to_json(self) -> dict[str, Any]:
+        """The checkpoint's form."""
+        return {
+            "request": self.request,
+            "device": self.device,
+            "cpus": format_cpu_list(self.cpus),
+            "memory": self.memory,
+            "mems": format_cpu_list(self.mems),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Grant:
+        """Read a grant back; PolicyError if it is malformed."""
+        try:
+            grant = cls(
+                request=str(data["request"]),
+                device=str(data["device"]),
+                cpus=parse_cpu_list(str(data["cpus"])),
+                memory=int(data["memory"]),
+                mems=parse_cpu_list(str(data["mems"])),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise PolicyError(f"malformed grant {dict(data)!r}: {err}") from None
+        if grant.memory < 0:
+            raise PolicyError(f"malformed grant {dict(data)!r}: negative memory")
+        return grant
+
+
+def env_suffix(uid: str, index: int) -> str:
+    """The part of a result's environment variable names that identifies it.
+
+    The claim UID and the result index, as a POSIX identifier: container runtimes before
+    containerd 2.3 pass CDI device names on to nothing, so this is how whoever reads a
+    container's environment (the NRI side of nodedra) tells which result it holds.
+    """
+    return f"{uid.replace('-', '_')}_{index}"
+
+
+def grant_edits(uid: str, index: int, grant: Grant) -> dict[str, Any]:
+    """The CDI container edits of one result: environment variables naming what it got."""
+    suffix = env_suffix(uid, index)
+    return {
+        "env": [
+            f"{ENV_PREFIX}CPUSET_{suffix}={format_cpu_list(grant.cpus)}",
+            f"{ENV_PREFIX}MEMSET_{suffix}={format_cpu_list(grant.mems)}",
+            f"{ENV_PREFIX}MEMORY_{suffix}={grant.memory}",
+        ]
+    }
+
+
+class Ledger:
+    """The grants of every claim a policy holds. Not thread-safe: the owner's lock is."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, tuple[Grant, ...]] = {}
+        self._owner_of: dict[int, str] = {}
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._claims
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def grants(self, uid: str) -> tuple[Grant, ...]:
+        """The grants of claim ``uid`` (KeyError if it holds none)."""
+        return self._claims[uid]
+
+    def uids(self) -> frozenset[str]:
+        """The claims held."""
+        return frozenset(self._claims)
+
+    def allocated_cpus(self) -> frozenset[int]:
+        """Every CPU some claim holds."""
+        return frozenset(self._owner_of)
+
+    def holders(self, cpus: Iterable[int]) -> dict[int, str]:
+        """Which claim holds each of ``cpus`` that is held."""
+        return {cpu: self._owner_of[cpu] for cpu in cpus if cpu in self._owner_of}
+
+    def memory_used(self, node: int) -> int:
+        """Bytes of NUMA node ``node``'s memory granted to claims."""
+        return sum(g.memory for grants in self._claims.values() for g in grants if g.mems == {node})
+
+    def add(self, uid: str, grants: Sequence[Grant]) -> None:
+        """Record claim ``uid``'s grants; refuses a CPU that is already someone's."""
+        if uid in self._claims:
+            raise PolicyError(f"claim {uid} is already recorded")
+        wanted: dict[int, str] = {}
+        for grant in grants:
+            for cpu in grant.cpus:
+                if cpu in self._owner_of or cpu in wanted:
+                    holder = self._owner_of.get(cpu, uid)
+                    raise PolicyError(f"CPU {cpu} would be granted twice (held by claim {holder})")
+                wanted[cpu] = uid
+        self._claims[uid] = tuple(grants)
+        self._owner_of.update(wanted)
+
+    def remove(self, uid: str) -> tuple[Grant, ...]:
+        """Forget claim ``uid``; its grants, or () for an unknown claim."""
+        grants = self._claims.pop(uid, ())
+        for grant in grants:
+            for cpu in grant.cpus:
+                del self._owner_of[cpu]
+        return grants
+
+    def to_json(self) -> dict[str, Any]:
+        """The checkpoint's form: ``{uid: {"grants": [...]}}``, sorted."""
+        return {
+            uid: {"grants": [g.to_json() for g in self._claims[uid]]}
+            for uid in sorted(self._claims)
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Ledger:
+        """A ledger read back from the checkpoint; PolicyError if it is inconsistent."""
+        ledger = cls()
+        for uid, record in data.items():
+            if not isinstance(record, Mapping) or not isinstance(record.get("grants"), list):
+                raise PolicyError(f"claim {uid}: malformed checkpoint record {record!r}")
+            try:
+                ledger.add(str(uid), [Grant.from_json(g) for g in record["grants"]])
+            except PolicyError as err:
+                raise PolicyError(f"claim {uid} in the checkpoint: {err}") from None
+        return ledger

@@ -1,0 +1,55 @@
+"""Kubernetes resource quantities ("2", "1500m", "4Gi", "1e3") as exact numbers.
+
+Consumed capacities reach the policy as quantity strings. They are parsed exactly (as
+fractions, never floats), so that "is this a whole number of CPUs" has a right answer.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_SUFFIXES = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?\d+))?"
+)
+
+
+def parse_quantity(text: str | int) -> Fraction:
+    """The exact value of a quantity; ValueError for anything that is not one."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return Fraction(text)
+    if not isinstance(text, str):
+        raise ValueError(f"not a quantity: {text!r}")
+    match = _QUANTITY.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    value = Fraction(match["number"])
+    if match["exp"] is not None:
+        return value * Fraction(10) ** int(match["exp"])
+    return value * _SUFFIXES[match["suffix"] or ""]
+
+
+def whole_positive(text: str | int, what: str) -> int:
+    """A quantity that must be a positive whole number (CPUs, bytes); ValueError otherwise."""
+    value = parse_quantity(text)
+    if value <= 0 or value.denominator != 1:
+        raise ValueError(f"{what} {text!r} is not a positive whole number")
+    return int(value)

@@ -1,0 +1,151 @@
+"""The topology-aware policy: one device per NUMA node, CPUs and memory as consumable capacity.
+
+A claim asks a NUMA node's device for so many CPUs and so much memory; the policy picks the
+CPUs inside that node, whole cores first, and accounts the memory to the node. One device
+per node keeps the slices small (a 2-socket machine publishes 2 to 8 devices, not hundreds)
+and lets the scheduler place a claim by node with the standard numaNode attribute.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from nodedra.dra import AllocationResult
+from nodedra.topology.model import NUMANode
+
+from .base import Device, ExclusiveCPUPolicy
+from .config import PolicyConfig
+from .ledger import Grant, PolicyError
+from .picker import pick_cpus
+from .quantity import parse_quantity, whole_positive
+
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+CPU_CAPACITY = "cpu"
+MEMORY_CAPACITY = "memory"
+MEMORY_STEP = 1 << 20
+"""Memory is offered and consumed in whole MiB."""
+
+
+def device_name(node: int) -> str:
+    """The device of NUMA node ``node``."""
+    return f"cpudevnuma{node:03d}"
+
+
+class TopologyAwarePolicy(ExclusiveCPUPolicy):
+    """Exclusive CPUs and NUMA-local memory, one device per NUMA node."""
+
+    name = "topology-aware"
+
+    def devices(self) -> list[Device]:
+        """One device per NUMA node with grantable CPUs; memory-only nodes have none."""
+        return [
+            self._device(node)
+            for node in sorted(self._topology.nodes.values(), key=lambda n: n.id)
+            if node.cpus & self.grantable
+        ]
+
+    def offered_memory(self, node: NUMANode) -> int:
+        """Bytes of ``node``'s memory claims may get: MemTotal less the reserve, in MiB."""
+        offered = max(node.memory - self._config.reserved_memory, 0)
+        return offered - offered % MEMORY_STEP
+
+    def _device(self, node: NUMANode) -> Device:
+        cpus = sorted(node.cpus & self.grantable)
+        first = self._topology.cpus[cpus[0]]
+        return {
+            "name": device_name(node.id),
+            "attributes": {
+                NUMA_NODE_ATTRIBUTE: {"int": node.id},
+                "package": {"int": first.package},
+                "smtEnabled": {"bool": self._topology.smt_enabled},
+            },
+            "capacity": {
+                CPU_CAPACITY: {
+                    "value": str(len(cpus)),
+                    "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+                },
+                MEMORY_CAPACITY: {
+                    "value": str(self.offered_memory(node)),
+                    "requestPolicy": {
+                        "default": "0",
+                        "validRange": {"min": "0", "step": str(MEMORY_STEP)},
+                    },
+                },
+            },
+            "allowMultipleAllocations": True,
+        }
+
+    def _node(self, result: AllocationResult) -> NUMANode:
+        for node in self._topology.nodes.values():
+            if device_name(node.id) == result.device and node.cpus & self.grantable:
+                return node
+        raise PolicyError(f"unknown device {result.device}")
+
+    def _wants(self, result: AllocationResult, node: NUMANode) -> tuple[int, int] | None:
+        """(CPUs, bytes) the result consumed; None when it takes the whole device."""
+        consumed = result.consumed_capacity
+        if not consumed:
+            return None
+        cpu = _capacity(consumed, result.driver, CPU_CAPACITY)
+        if cpu is None:
+            raise PolicyError(f"consumed no {CPU_CAPACITY} (consumed: {dict(consumed)})")
+        try:
+            cpus = whole_positive(cpu, f"consumed {CPU_CAPACITY}")
+        except ValueError as err:
+            raise PolicyError(str(err)) from None
+        offered = len(node.cpus & self.grantable)
+        if cpus > offered:
+            raise PolicyError(f"consumed {cpus} CPUs of {result.device}, which offers {offered}")
+        raw = _capacity(consumed, result.driver, MEMORY_CAPACITY)
+        memory = _whole_bytes(raw) if raw is not None else 0
+        return cpus, memory
+
+    def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
+        node = self._node(result)
+        offered = node.cpus & self.grantable
+        free = offered - self._ledger.allocated_cpus() - taken
+        memory_free = self.offered_memory(node) - self._ledger.memory_used(node.id) - memory
+        wants = self._wants(result, node)
+        if wants is None:  # no consumable capacity: the claim has the whole device
+            if free != offered or memory_free != self.offered_memory(node):
+                raise PolicyError(
+                    f"takes the whole of {result.device}, but {len(offered - free)} of its "
+                    "CPUs or some of its memory are held by other claims"
+                )
+            return Grant(result.request, result.device, offered, memory_free, frozenset({node.id}))
+        cpus, bytes_ = wants
+        if cpus > len(free):
+            raise PolicyError(f"{cpus} CPUs asked for, only {len(free)} free on {result.device}")
+        if bytes_ > memory_free:
+            raise PolicyError(
+                f"{bytes_} bytes of memory asked for, only {memory_free} free on {result.device}"
+            )
+        picked = pick_cpus(self._topology, free, cpus)
+        return Grant(result.request, result.device, picked, bytes_, frozenset({node.id}))
+
+    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
+        wants = self._wants(result, self._node(result))
+        return wants is None or wants == (len(grant.cpus), grant.memory)
+
+    def _check_node_config(self, config: PolicyConfig) -> None:
+        if not any(n.cpus - config.reserved_cpus for n in self._topology.nodes.values()):
+            raise PolicyError("no NUMA node has CPUs left to offer")
+
+
+def _capacity(consumed: Any, driver: str, name: str) -> str | None:
+    """A consumed capacity, keyed by its plain or its driver-qualified name."""
+    value = consumed.get(name)
+    if value is None:
+        value = consumed.get(f"{driver}/{name}")
+    return None if value is None else str(value)
+
+
+def _whole_bytes(raw: str) -> int:
+    try:
+        value = parse_quantity(raw)
+    except ValueError as err:
+        raise PolicyError(f"consumed {MEMORY_CAPACITY}: {err}") from None
+    if value < 0 or value != Fraction(int(value)):
+        raise PolicyError(f"consumed {MEMORY_CAPACITY} {raw!r} is not a whole number of bytes")
+    return int(value)

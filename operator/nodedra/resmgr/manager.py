@@ -1,0 +1,174 @@
+"""The resource manager: the Owner of the DRA plugin and the host of the policy.
+
+It holds the one lock that every kubelet request and every change of policy state takes,
+makes each allocation durable before the plugin writes the claim's CDI spec, and runs the
+start-up in the order that leaves nothing unaccounted: load the checkpoint, let the policy
+take its claims back, remove the specs of claims nobody holds, register and publish, and
+only then serve claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+
+from nodedra.dra import ClusterAPI, Options, Plugin, driver_name
+from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
+from nodedra.policy import Policy, PolicyConfig
+
+from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ManagerOptions:
+    """Where things are, for the plugin and the checkpoint."""
+
+    node_name: str
+    state_dir: Path | str | None = None
+    """Where the checkpoint lives; None: the plugin data directory."""
+    registrar_dir: Path | str | None = None
+    plugin_data_dir: Path | str | None = None
+    cdi_dir: Path | str | None = None
+    rolling_update_uid: str | None = None
+    resync_period: float = 30.0
+
+
+class ResourceManager:
+    """Owner of the plugin, host of the policy, keeper of the checkpoint."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        kube_client: k8s.ApiClient | ClusterAPI,
+        options: ManagerOptions,
+        on_shutdown: Callable[[str], None],
+    ) -> None:
+        self._lock = threading.Lock()
+        self._policy = policy
+        self._on_shutdown = on_shutdown
+        self.driver = driver_name(policy.name)
+        plugin_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / self.driver)
+        self.checkpoint = Checkpoint(Path(options.state_dir or plugin_dir) / FILE_NAME)
+        self.plugin = Plugin(
+            self.driver,
+            Options(
+                node_name=options.node_name,
+                kube_client=kube_client,
+                owner=self,
+                policy=policy,
+                registrar_dir=options.registrar_dir,
+                plugin_data_dir=plugin_dir,
+                cdi_dir=options.cdi_dir,
+                rolling_update_uid=options.rolling_update_uid,
+                resync_period=options.resync_period,
+            ),
+        )
+
+    @property
+    def policy(self) -> Policy:
+        """The policy hosted (use it under the lock)."""
+        return self._policy
+
+    # The lock --------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock every change of policy state holds."""
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        """Give the lock back."""
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._lock.__exit__(*exc_info)
+
+    # The Owner protocol ----------------------------------------------------------------
+
+    def claim_allocated(self) -> None:
+        """Save the policy's state: the allocation outlives us from here on."""
+        self._save()
+
+    def claim_released(self) -> None:
+        """Save the policy's state after a release."""
+        self._save()
+
+    def request_shutdown(self, reason: str) -> None:
+        """Hand ``reason`` to whoever runs the process; safe from any thread."""
+        log.error("shutdown requested: %s", reason)
+        self._on_shutdown(reason)
+
+    # The PolicyHost protocol -----------------------------------------------------------
+
+    def publish_devices(self, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Publish the policy's devices. Takes no lock: the policy calls it holding ours."""
+        self.plugin.publish(devices)
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Restore, sweep, register and publish, then serve claims.
+
+        Raises CheckpointError (or PolicyError) without starting anything when the saved
+        state cannot be used: serving claims on top of state we could not read would give
+        CPUs that running containers hold to new claims.
+        """
+        with self._lock:
+            state = self.checkpoint.load()
+            claims: Mapping[str, Any] = {}
+            if state is not None:
+                self._check_owner(state)
+                claims = state.claims
+            self._policy.start(self, claims)
+            self._save()
+            self._sweep_specs()
+        self.plugin.start()
+        self.plugin.allow_claims()
+        log.info(
+            "resource manager started: policy %s, %d claims held",
+            self._policy.name,
+            len(self._policy.claim_uids()),
+        )
+
+    def stop(self) -> None:
+        """Stop serving (outside the lock: requests in flight hold it), then save."""
+        self.plugin.stop()
+        with self._lock:
+            self._save()
+
+    def reconfigure(self, config: PolicyConfig) -> None:
+        """Apply ``config`` live, under the lock; PolicyError leaves the old one in force."""
+        with self._lock:
+            self._policy.reconfigure(config)
+
+    # Internals -------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        self.checkpoint.save(State(self._policy.name, self.driver, self._policy.snapshot()))
+
+    def _check_owner(self, state: State) -> None:
+        if state.policy != self._policy.name and state.claims:
+            raise CheckpointError(
+                f"checkpoint {self.checkpoint.path} holds {len(state.claims)} claims of policy "
+                f"{state.policy}, but policy {self._policy.name} is configured: switching "
+                f"policies would lose them. Switch back to {state.policy}, or drain the "
+                "node's pods that use DRA claims first."
+            )
+
+    def _sweep_specs(self) -> None:
+        """Remove the CDI specs of claims the policy does not hold (left by a crash)."""
+        held = self._policy.claim_uids()
+        for uid in self.plugin.cdi.claim_uids():
+            if uid not in held:
+                log.info("removing the CDI spec of claim %s, which no policy holds", uid)
+                self.plugin.cdi.remove_claim(uid)

@@ -1,0 +1,166 @@
+"""The resource manager with both real policies, driven through the real plugin."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodedra.dra import ClaimRef, driver_name
+from nodedra.policy import PolicyError, make_policy, parse_config
+from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager
+from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
+from tests.unit.policy.conftest import topology
+
+SHAPE = "two-socket-smt2-numa4"
+
+
+class Node:
+    """One node's nodedra: state, sockets and CDI specs in a scratch directory."""
+
+    def __init__(self, tmp: Path, policy: str, **config: Any) -> None:
+        self.tmp = tmp
+        self.cluster = FakeCluster()
+        self.shutdowns: list[str] = []
+        self.policy_name = policy
+        self.config = parse_config({"policy": policy, **config})
+        self.manager = self.new_manager()
+
+    def new_manager(self) -> ResourceManager:
+        """A manager as a restarted process would build it, on the same directories."""
+        return ResourceManager(
+            make_policy(topology(SHAPE), self.config),
+            self.cluster,
+            ManagerOptions(
+                node_name=NODE,
+                state_dir=self.tmp / "state",
+                registrar_dir=self.tmp / "registry",
+                plugin_data_dir=self.tmp / "plugin",
+                cdi_dir=self.tmp / "cdi",
+            ),
+            self.shutdowns.append,
+        )
+
+    @property
+    def driver(self) -> str:
+        return driver_name(self.policy_name)
+
+    def add_claim(self, uid: str, results: list[dict[str, Any]]) -> ClaimRef:
+        claim = make_claim(uid, results)
+        self.cluster.claims[("default", f"claim-{uid}")] = claim
+        return ClaimRef("default", f"claim-{uid}", uid)
+
+    def specs(self) -> list[str]:
+        return sorted(p.name for p in (self.tmp / "cdi").glob("*.yaml"))
+
+
+@pytest.fixture(params=["topology-aware", "static"])
+def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path, request.param)
+    yield n
+    n.manager.stop()
+
+
+def results_for(node: Node) -> list[dict[str, Any]]:
+    if node.policy_name == "topology-aware":
+        return [
+            result(
+                "req", "cpudevnuma000", driver=node.driver, pool=NODE, consumedCapacity={"cpu": "2"}
+            )
+        ]
+    return [result("req", "cpu005", driver=node.driver, pool=NODE)]
+
+
+def test_prepare_unprepare_end_to_end(node: Node) -> None:
+    node.manager.start()
+    assert node.manager.plugin.wait_published(10) is not None
+    published = node.cluster.pool_devices()
+    assert [d["name"] for d in published] == [d["name"] for d in node.manager.policy.devices()]
+
+    ref = node.add_claim("u1", results_for(node))
+    answer = node.manager.plugin.node_prepare([ref])["u1"]
+    assert answer.error is None
+    (device,) = answer.devices
+    assert device.cdi_device_ids == (f"{node.driver}/device=claim-u1-0",)
+    assert node.specs() == [f"{node.driver}-device_u1.yaml"]
+    saved = json.loads(node.manager.checkpoint.path.read_text())
+    assert list(saved["data"]["claims"]) == ["u1"]
+
+    assert node.manager.plugin.node_unprepare([ref]) == {"u1": None}
+    assert node.specs() == []
+    assert json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"] == {}
+
+
+def test_restart_restores_claims_and_sweeps_orphan_specs(node: Node) -> None:
+    node.manager.start()
+    ref = node.add_claim("u1", results_for(node))
+    first = node.manager.plugin.node_prepare([ref])["u1"]
+    held = node.manager.policy.snapshot()
+    node.manager.stop()
+    # A crash between a release's commit and the spec's removal leaves a spec nobody holds.
+    orphan = node.manager.plugin.cdi
+    orphan.write_claim("orphan", [{"env": ["X=1"]}])
+    foreign = node.tmp / "cdi" / "vendor.com-gpu_x.yaml"
+    foreign.write_text("cdiVersion: 0.3.0\n")
+
+    node.manager = node.new_manager()
+    node.manager.start()
+    assert node.manager.policy.snapshot() == held
+    assert node.specs() == sorted([f"{node.driver}-device_u1.yaml", foreign.name])
+    again = node.manager.plugin.node_prepare([ref])["u1"]
+    assert again == first
+
+
+def test_corrupt_checkpoint_refuses_to_start(node: Node) -> None:
+    node.manager.start()
+    node.manager.stop()
+    node.manager.checkpoint.path.write_text("{}")
+    node.manager = node.new_manager()
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        node.manager.start()
+    assert not node.manager.plugin.sockets.registration.exists()
+
+
+def test_switching_policy_with_claims_held_is_refused(tmp_path: Path) -> None:
+    ta = Node(tmp_path, "topology-aware")
+    ta.manager.start()
+    ta.manager.plugin.node_prepare([ta.add_claim("u1", results_for(ta))])
+    ta.manager.stop()
+    static = Node(tmp_path, "static")
+    with pytest.raises(CheckpointError, match="holds 1 claims of policy topology-aware"):
+        static.manager.start()
+
+
+def test_reconfigure_live(node: Node) -> None:
+    node.manager.start()
+    ref = node.add_claim("u1", results_for(node))
+    node.manager.plugin.node_prepare([ref])
+    (grant,) = node.manager.policy.grants("u1")  # type: ignore[attr-defined]
+    taken = parse_config({"policy": node.policy_name, "reservedCPUs": str(min(grant.cpus))})
+    with pytest.raises(PolicyError, match="can't reserve"):
+        node.manager.reconfigure(taken)
+    free = min(node.manager.policy.free_cpus())  # type: ignore[attr-defined]
+    node.manager.reconfigure(parse_config({"policy": node.policy_name, "reservedCPUs": str(free)}))
+    assert node.manager.plugin.wait_published(10) is not None
+    assert node.cluster.pool_devices() == node.manager.policy.devices()
+
+
+def test_unwritable_state_fails_the_claim_and_keeps_nothing(node: Node) -> None:
+    node.manager.start()
+    state = node.tmp / "state"
+    state.chmod(0o500)
+    blocker = node.manager.checkpoint.path
+    blocker.unlink()
+    blocker.mkdir()  # even root cannot replace a directory with a file
+    try:
+        ref = node.add_claim("u1", results_for(node))
+        answer = node.manager.plugin.node_prepare([ref])["u1"]
+    finally:
+        blocker.rmdir()
+        state.chmod(0o700)
+    assert "committing the allocation failed" in str(answer.error)
+    assert node.manager.policy.claim_uids() == frozenset()
+    assert node.specs() == []
