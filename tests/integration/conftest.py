@@ -1,0 +1,285 @@
+"""Fixtures that run nodedra's real Kubernetes peers.
+
+* `peer_binaries`: the official etcd, kube-apiserver, kube-scheduler and
+  kube-controller-manager plus our kubelet harness and Go driver, found or
+  built by tests.peers.build. Building happens once, right after collection
+  (outside any test's timeout), with progress on the terminal. If it fails,
+  every test that needs the peers fails with the reason and how to supply
+  binaries: these tests never skip.
+* `control_plane`: etcd + kube-apiserver for the whole session.
+* `workload_controllers`: adds kube-scheduler and kube-controller-manager
+  (opt-in: only end-to-end tests need them).
+* `admin_api`: an official `kubernetes` client ApiClient as cluster admin.
+* `kubelet_factory`, `go_driver_factory`, `ready_node`, `namespace`: per test.
+
+When a test fails, the log tails of the peers it used are attached to its
+report (sections "peer log: <name>").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from tests.peers.build import PeerBinaries, PeerBuildError, ensure_binaries
+from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
+from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
+from tests.peers.go_driver import GoDriver
+from tests.peers.kubelet import KubeletHarness
+
+_BINARIES = pytest.StashKey[PeerBinaries]()
+_BUILD_ERROR = pytest.StashKey[str]()
+_FAILED = pytest.StashKey[bool]()
+
+
+@runtime_checkable
+class HasLogs(Protocol):
+    """Anything whose logs are worth showing when a test fails."""
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]: ...
+
+
+# -- building the peers ---------------------------------------------------
+
+
+def _resolve_binaries(config: pytest.Config) -> None:
+    capture = config.pluginmanager.getplugin("capturemanager")
+    started = time.monotonic()
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(file=sys.stderr)
+        try:
+            config.stash[_BINARIES] = ensure_binaries(log=sys.stderr)
+        except PeerBuildError as err:
+            config.stash[_BUILD_ERROR] = str(err)
+            print(f"[peers] ERROR: {err}", file=sys.stderr)
+        else:
+            print(f"[peers] peers ready after {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the peers before the first test if any selected test needs them,
+    so a long first build is not charged to one test's timeout."""
+    if any("peer_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
+        _resolve_binaries(session.config)
+
+
+@pytest.fixture(scope="session")
+def peer_binaries(pytestconfig: pytest.Config) -> PeerBinaries:
+    if _BINARIES not in pytestconfig.stash and _BUILD_ERROR not in pytestconfig.stash:
+        _resolve_binaries(pytestconfig)
+    if _BUILD_ERROR in pytestconfig.stash:
+        pytest.fail(
+            f"Kubernetes test peers unavailable: {pytestconfig.stash[_BUILD_ERROR]}", pytrace=False
+        )
+    return pytestconfig.stash[_BINARIES]
+
+
+# -- control plane ----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    peer_binaries: PeerBinaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    cp = ControlPlane(peer_binaries, tmp_path_factory.mktemp("control-plane"))
+    started = time.monotonic()
+    cp.start()
+    elapsed = time.monotonic() - started
+    print(f"[peers] control plane ready in {elapsed:.1f}s at {cp.url} ({cp.workdir})")
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def workload_controllers(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with kube-scheduler and kube-controller-manager
+    running (they stay up for the rest of the session)."""
+    control_plane.start_workload_controllers()
+    return control_plane
+
+
+@pytest.fixture(scope="session")
+def admin_api(control_plane: ControlPlane) -> Iterator[ApiClient]:
+    """The official `kubernetes` client, acting as cluster admin."""
+    configuration = Configuration(
+        host=control_plane.url,
+        ssl_ca_cert=str(control_plane.ca.pair.cert),
+        cert_file=str(control_plane.admin.cert),
+        key_file=str(control_plane.admin.key),
+    )
+    client = ApiClient(configuration)
+    try:
+        yield client
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+# -- per-test peers ----------------------------------------------------------
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> str:
+    """A fresh namespace in which pods can be created."""
+    name = _unique("test")
+    ensure_test_namespace(control_plane, name)
+    return name
+
+
+@pytest.fixture
+def ready_node(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh Node object, Ready and schedulable; deleted after the test."""
+    name = _unique("node")
+    create_ready_node(control_plane, name)
+    try:
+        yield name
+    finally:
+        delete_node(control_plane, name)
+
+
+@pytest.fixture
+def peer_workdir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A short directory for sockets and peer logs (Unix socket paths must
+    stay under 108 bytes, pytest's tmp_path can be longer). Kept when the
+    test failed, so its logs can be read."""
+    path = Path(tempfile.mkdtemp(prefix="nodedra-peers-"))
+    yield path
+    if not request.node.stash.get(_FAILED, False):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class KubeletFactory:
+    """Starts kubelet harnesses for a test and stops them afterwards."""
+
+    def __init__(self, cp: ControlPlane, binaries: PeerBinaries, workdir: Path) -> None:
+        self._cp = cp
+        self._binaries = binaries
+        self._workdir = workdir
+        self.started: list[KubeletHarness] = []
+
+    def __call__(
+        self, node_name: str, *, node_credentials: bool = True, feature_gates: str | None = None
+    ) -> KubeletHarness:
+        """Start a kubelet for `node_name`, by default with that node's own
+        credentials (so the Node authorizer applies, as for a real kubelet)."""
+        kubeconfig = (
+            self._cp.node_kubeconfig(node_name) if node_credentials else self._cp.admin_kubeconfig
+        )
+        harness = KubeletHarness(
+            self._binaries.kubelet_harness,
+            kubeconfig,
+            node_name,
+            self._workdir / f"kubelet-{len(self.started)}",
+            feature_gates=feature_gates
+            if feature_gates is not None
+            else feature_gates_flag(DRA_FEATURE_GATES),
+        )
+        self.started.append(harness)
+        harness.start()
+        return harness
+
+    def stop_all(self) -> None:
+        for harness in reversed(self.started):
+            harness.stop()
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        return {f"kubelet {h.node_name} ({h.log_path})": h.log_tail(lines) for h in self.started}
+
+
+@pytest.fixture
+def kubelet_factory(
+    control_plane: ControlPlane, peer_binaries: PeerBinaries, peer_workdir: Path
+) -> Iterator[KubeletFactory]:
+    factory = KubeletFactory(control_plane, peer_binaries, peer_workdir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+class GoDriverFactory:
+    """Starts Go reference drivers for a test and stops them afterwards."""
+
+    def __init__(self, cp: ControlPlane, binaries: PeerBinaries, workdir: Path) -> None:
+        self._cp = cp
+        self._binaries = binaries
+        self._workdir = workdir
+        self.started: list[GoDriver] = []
+
+    def __call__(
+        self,
+        kubelet: KubeletHarness,
+        driver_name: str | None = None,
+        devices: int = 4,
+        services: tuple[str, ...] = ("v1", "v1beta1"),
+    ) -> GoDriver:
+        """Start a driver on the kubelet's node, registering in its registry
+        dir. Each call gets a unique driver name unless one is given, so
+        devices of different tests never mix."""
+        driver = GoDriver(
+            self._binaries.go_driver,
+            self._cp.admin_kubeconfig,
+            kubelet.node_name,
+            kubelet.registry_dir,
+            self._workdir / f"go-driver-{len(self.started)}",
+            driver_name=driver_name or f"{_unique('go')}.nodedra.test",
+            devices=devices,
+            services=services,
+        )
+        self.started.append(driver)
+        driver.start()
+        return driver
+
+    def stop_all(self) -> None:
+        for driver in reversed(self.started):
+            driver.stop()
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        return {
+            f"go-driver {d.driver_name} ({d.log_path})": d.log_tail(lines) for d in self.started
+        }
+
+
+@pytest.fixture
+def go_driver_factory(
+    control_plane: ControlPlane, peer_binaries: PeerBinaries, peer_workdir: Path
+) -> Iterator[GoDriverFactory]:
+    factory = GoDriverFactory(control_plane, peer_binaries, peer_workdir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+# -- failure reports ---------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
+    """Attach the log tails of the peers a failed test used to its report."""
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        item.stash[_FAILED] = True
+        funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+        for value in funcargs.values():
+            if isinstance(value, HasLogs):
+                for name, text in value.log_tails().items():
+                    report.sections.append((f"peer log: {name}", text or "(empty)"))
+    return report

@@ -1,0 +1,280 @@
+// Command go-driver is a minimal DRA kubelet plugin built on the official
+// helper k8s.io/dynamic-resource-allocation/kubeletplugin.
+//
+// It exists for two reasons: it proves that the kubelet harness and the test
+// control plane work without depending on nodedra (which is written in
+// parallel), and it is the reference peer that nodedra's behaviour and
+// performance can be compared against. It publishes one ResourceSlice with a
+// few devices for its node, and prepares a claim by writing one transient CDI
+// spec per claim, named the way the CDI library names transient specs
+// (<driver>-device_<claim uid>.yaml), with one CDI device per allocation
+// result of this driver (claim-<uid>-<index>, kind <driver>/device).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+type config struct {
+	kubeconfig  string
+	nodeName    string
+	driverName  string
+	registryDir string
+	pluginDir   string
+	cdiDir      string
+	devices     int
+	nodeV1      bool
+	nodeV1beta1 bool
+}
+
+func main() {
+	klog.InitFlags(nil)
+	var cfg config
+	flag.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (required)")
+	flag.StringVar(&cfg.nodeName, "node-name", "", "name of the node this plugin serves (required)")
+	flag.StringVar(&cfg.driverName, "driver-name", "go.nodedra.test", "DRA driver name")
+	flag.StringVar(&cfg.registryDir, "registry-dir", "", "kubelet plugin registry directory (required)")
+	flag.StringVar(&cfg.pluginDir, "plugin-dir", "", "directory for the DRA service socket (required)")
+	flag.StringVar(&cfg.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the transient CDI specs")
+	flag.IntVar(&cfg.devices, "devices", 4, "number of devices to publish")
+	flag.BoolVar(&cfg.nodeV1, "node-v1", true, "serve and advertise the v1 DRA node service")
+	flag.BoolVar(&cfg.nodeV1beta1, "node-v1beta1", true, "serve and advertise the v1beta1 DRA node service")
+	flag.Parse()
+
+	if err := run(cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "go-driver: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg config) error {
+	for name, value := range map[string]string{
+		"--kubeconfig": cfg.kubeconfig, "--node-name": cfg.nodeName,
+		"--registry-dir": cfg.registryDir, "--plugin-dir": cfg.pluginDir,
+	} {
+		if value == "" {
+			return fmt.Errorf("%s is required", name)
+		}
+	}
+	for _, dir := range []string{cfg.registryDir, cfg.pluginDir, cfg.cdiDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return err
+		}
+	}
+	restConfig, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	logger := klog.FromContext(ctx)
+
+	d := &driver{name: cfg.driverName, cdiDir: cfg.cdiDir, cancel: cancel}
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.NodeName(cfg.nodeName),
+		kubeletplugin.DriverName(cfg.driverName),
+		kubeletplugin.RegistrarDirectoryPath(cfg.registryDir),
+		kubeletplugin.PluginDataDirectoryPath(cfg.pluginDir),
+		// Like nodedra: no health service, so the kubelet is offered
+		// exactly the two DRA node services.
+		kubeletplugin.HealthService(false),
+		kubeletplugin.NodeV1(cfg.nodeV1),
+		kubeletplugin.NodeV1beta1(cfg.nodeV1beta1),
+	)
+	if err != nil {
+		return fmt.Errorf("start kubelet plugin helper: %w", err)
+	}
+	defer helper.Stop()
+
+	if err := helper.PublishResources(ctx, publishedResources(cfg)); err != nil {
+		return fmt.Errorf("publish resources: %w", err)
+	}
+	logger.Info("go-driver running", "driver", cfg.driverName, "node", cfg.nodeName)
+	<-ctx.Done()
+	logger.Info("go-driver stopping", "cause", context.Cause(ctx))
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// publishedResources describes one pool, named after the node, with
+// cfg.devices plain devices dev-0 ... dev-<n-1>.
+func publishedResources(cfg config) resourceslice.DriverResources {
+	devices := make([]resourceapi.Device, 0, cfg.devices)
+	for i := range cfg.devices {
+		devices = append(devices, resourceapi.Device{
+			Name: fmt.Sprintf("dev-%d", i),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"index": {IntValue: ptr.To(int64(i))},
+				"model": {StringValue: ptr.To("go-test-device")},
+			},
+		})
+	}
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{
+			cfg.nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		},
+	}
+}
+
+// driver implements kubeletplugin.DRAPlugin.
+type driver struct {
+	name   string
+	cdiDir string
+	cancel context.CancelCauseFunc
+}
+
+var _ kubeletplugin.DRAPlugin = &driver{}
+
+func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devices, err := d.prepareClaim(claim)
+		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
+	}
+	return result, nil
+}
+
+// prepareClaim writes the claim's CDI spec and returns one device per
+// allocation result of this driver. It is idempotent: a repeated call
+// rewrites the same spec and returns the same answer.
+func (d *driver) prepareClaim(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	kind := d.name + "/device"
+	spec := cdispec.Spec{Kind: kind}
+	var devices []kubeletplugin.Device
+	index := 0
+	for _, res := range claim.Status.Allocation.Devices.Results {
+		if res.Driver != d.name {
+			continue
+		}
+		cdiName := fmt.Sprintf("claim-%s-%d", claim.UID, index)
+		spec.Devices = append(spec.Devices, cdispec.Device{
+			Name: cdiName,
+			ContainerEdits: cdispec.ContainerEdits{Env: []string{
+				fmt.Sprintf("GO_DRIVER_%s_%d_DEVICE=%s/%s", envSafe(string(claim.UID)), index, res.Pool, res.Device),
+			}},
+		})
+		devices = append(devices, kubeletplugin.Device{
+			Requests:     []string{baseRequest(res.Request)},
+			PoolName:     res.Pool,
+			DeviceName:   res.Device,
+			CDIDeviceIDs: []string{kind + "=" + cdiName},
+			ShareID:      res.ShareID,
+		})
+		index++
+	}
+	if len(devices) == 0 {
+		return nil, nil
+	}
+	version, err := cdispec.MinimumRequiredVersion(&spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec version for claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	spec.Version = version
+	if err := writeFileAtomically(d.specPath(claim.UID), &spec); err != nil {
+		return nil, fmt.Errorf("write CDI spec for claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	return devices, nil
+}
+
+func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	result := make(map[types.UID]error, len(claims))
+	for _, claim := range claims {
+		err := os.Remove(d.specPath(claim.UID))
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil // Unpreparing an unknown claim succeeds.
+		}
+		result[claim.UID] = err
+	}
+	return result, nil
+}
+
+func (d *driver) HandleError(ctx context.Context, err error, msg string) {
+	runtime.HandleErrorWithContext(ctx, err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) {
+		d.cancel(fmt.Errorf("fatal background error: %s: %w", msg, err))
+	}
+}
+
+func (d *driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+// specPath is the transient spec file name the CDI library would choose
+// for vendor <driver>, class "device" and the claim UID as transient ID.
+func (d *driver) specPath(uid types.UID) string {
+	return filepath.Join(d.cdiDir, fmt.Sprintf("%s-device_%s.yaml", d.name, uid))
+}
+
+// baseRequest strips a "/subrequest" suffix: the kubelet matches container
+// claim references against the request names of the claim.
+func baseRequest(request string) string {
+	base, _, _ := strings.Cut(request, "/")
+	return base
+}
+
+// envSafe turns a UID into part of a POSIX environment variable name.
+func envSafe(s string) string {
+	return strings.ReplaceAll(s, "-", "_")
+}
+
+// writeFileAtomically replaces path with the YAML form of spec, so that a
+// container runtime never reads a half-written spec.
+func writeFileAtomically(path string, spec *cdispec.Spec) error {
+	data, err := yaml.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // No-op after a successful rename.
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
