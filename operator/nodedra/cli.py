@@ -3,13 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from nodedra import __version__
 from nodedra.inventory import inventory, render_json, render_text
+from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
+from nodedra.settings import SettingsError, add_arguments, load_settings, to_environ
 from nodedra.topology import TopologyError, read_topology
+
+
+def run(args: argparse.Namespace) -> int:
+    """``nodedra run``: kopf, standalone and cluster-wide, with nodedra's handlers."""
+    try:
+        settings = load_settings(args)
+    except SettingsError as err:
+        print(f"nodedra run: {err}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    os.environ.update(to_environ(settings))  # what kopf's login and the handlers read
+    import kopf  # noqa: PLC0415 (kopf's import is heavy; only `run` needs it)
+
+    import nodedra.handlers  # noqa: F401, PLC0415 (registers the handlers with kopf)
+    from nodedra.handlers import Shutdown  # noqa: PLC0415
+
+    stop_flag = threading.Event()
+    shutdown = Shutdown(stop_flag)
+    liveness = f"http://{settings.health_address}/healthz" if settings.health_address else None
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=True,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            memo=kopf.Memo(settings=settings, shutdown=shutdown),
+        )
+    except Exception as err:  # kopf ends with the error that stopped it
+        print(f"nodedra run: {err}", file=sys.stderr)
+        return 1
+    if shutdown.reason is not None:
+        print(f"nodedra run: stopped: {shutdown.reason}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,10 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     topology.add_argument("--sysfs", default="/sys", help="the sysfs root to read (default /sys)")
     topology.add_argument("--config", help="a policy configuration file (reserved CPUs, options)")
     topology.add_argument("--json", action="store_true", help="print one JSON object")
+    run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
+    add_arguments(run_parser)
     args = parser.parse_args(argv)
     if args.command == "version":
         print(f"nodedra {__version__}")
         return 0
+    if args.command == "run":
+        return run(args)
     try:
         topo = read_topology(args.sysfs)
         config = load_config(args.config) if args.config else PolicyConfig()

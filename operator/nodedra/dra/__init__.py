@@ -16,7 +16,7 @@ from .names import (
     container_claims,
     driver_name,
 )
-from .plugin import ClaimPolicy, Options, Owner, Plugin
+from .plugin import ClaimPolicy, Options, Owner, Plugin, RequestObserver
 from .results import PreparedDevice, PrepareResult
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "PrepareResult",
     "PreparedDevice",
     "RecoverableError",
+    "RequestObserver",
     "claim_configs",
     "claim_of_cdi_device",
     "container_claims",

@@ -24,6 +24,17 @@ REQUEST_TIMEOUT = 30.0
 JSON = dict[str, Any]
 
 
+class ClaimIdentity(Protocol):
+    """Which ResourceClaim (a ClaimRef is one)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
 class KubeAPIError(Exception):
     """An API call failed; ``status`` is the HTTP status, 0 when no answer came."""
 
@@ -62,6 +73,16 @@ class ClusterAPI(Protocol):
 
     def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
         """Delete a ResourceSlice if it is still the one we saw; a missing one is fine."""
+        ...
+
+    def apply_claim_status(
+        self, claim: ClaimIdentity, devices: list[JSON], field_manager: str
+    ) -> JSON:
+        """Make ``devices`` our entries of the claim's ``status.devices`` (server-side apply).
+
+        Entries of other drivers, owned by other field managers, are left alone; applying
+        an empty list removes ours. The claim's UID is a precondition.
+        """
         ...
 
 
@@ -103,14 +124,38 @@ class KubeClusterAPI:
             if not err.not_found:
                 raise
 
+    def apply_claim_status(
+        self, claim: ClaimIdentity, devices: list[JSON], field_manager: str
+    ) -> JSON:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+            "status": {"devices": devices},
+        }
+        path = f"{RESOURCE_API}/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
+        return self._call(
+            "PATCH",
+            path,
+            body,
+            content_type="application/apply-patch+yaml",
+            fieldManager=field_manager,
+            force="true",
+        )
+
     def _call(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, **query: str
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+        **query: str,
     ) -> JSON:
         params = self._client.param_serialize(
             method=method,
             resource_path=path,
             query_params=list(query.items()),
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             body=dict(body) if body is not None else None,
             auth_settings=["BearerToken"],
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,24 @@ class ClaimPolicy(Protocol):
         ...
 
 
+class RequestObserver(Protocol):
+    """Someone who wants to know how kubelet requests went."""
+
+    def request_done(
+        self,
+        kind: str,
+        claims: Sequence[ClaimRef],
+        errors: Mapping[str, Exception | None],
+        seconds: float,
+    ) -> None:
+        """``kind`` ("prepare" or "unprepare") of ``claims`` ended with ``errors`` by UID.
+
+        Called on the request's thread after the owner's lock is released: it must be quick
+        and must not call back into the plugin's requests.
+        """
+        ...
+
+
 @dataclass
 class Options:
     """What a plugin needs beyond its driver name."""
@@ -112,6 +131,8 @@ class Options:
     """This instance's pod UID, to run beside another instance during a rolling update."""
     resync_period: float = 30.0
     """Seconds between checks that our ResourceSlices are still as published."""
+    observer: RequestObserver | None = None
+    """Told about every kubelet request once it is answered (metrics, claim status)."""
 
 
 class Plugin:
@@ -283,6 +304,29 @@ class Plugin:
 
     def node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Serve NodePrepareResources: fetch the claims, then prepare them under the lock."""
+        started = time.monotonic()
+        try:
+            answers = self._node_prepare(claims)
+        except NotServingClaimsError as err:
+            self._observe("prepare", claims, dict.fromkeys((r.uid for r in claims), err), started)
+            raise
+        self._observe("prepare", claims, {u: a.error for u, a in answers.items()}, started)
+        return answers
+
+    def node_unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """Serve NodeUnprepareResources."""
+        started = time.monotonic()
+        try:
+            self._check_allowed()
+            with instance_lock(self._paths.lock):
+                answers = self.unprepare_resource_claims(claims)
+        except NotServingClaimsError as err:
+            self._observe("unprepare", claims, dict.fromkeys((r.uid for r in claims), err), started)
+            raise
+        self._observe("unprepare", claims, answers, started)
+        return answers
+
+    def _node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         self._check_allowed()
         answers: dict[str, PrepareResult] = {}
         fetched: list[Mapping[str, Any]] = []
@@ -290,17 +334,26 @@ class Plugin:
             try:
                 fetched.append(self._fetch(ref))
             except ClaimError as err:
-                log.error("%s", err)
+                log.error("%s", err, extra={"claim": ref})
                 answers[ref.uid] = PrepareResult(error=err)
         with instance_lock(self._paths.lock):
             prepared = self.prepare_resource_claims(fetched) if fetched else {}
         return {ref.uid: answers.get(ref.uid) or prepared[ref.uid] for ref in claims}
 
-    def node_unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
-        """Serve NodeUnprepareResources."""
-        self._check_allowed()
-        with instance_lock(self._paths.lock):
-            return self.unprepare_resource_claims(claims)
+    def _observe(
+        self,
+        kind: str,
+        claims: Sequence[ClaimRef],
+        errors: Mapping[str, Exception | None],
+        started: float,
+    ) -> None:
+        observer = self._options.observer
+        if observer is None:
+            return
+        try:
+            observer.request_done(kind, claims, errors, time.monotonic() - started)
+        except Exception:  # an observer's bug must not fail the kubelet's request
+            log.exception("the %s observer failed", kind)
 
     def prepare_resource_claims(
         self, claims: Sequence[Mapping[str, Any]]
@@ -324,7 +377,7 @@ class Plugin:
                     answers[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, claim))
                 except Exception as err:  # one claim's failure, whatever it is, stays its own
                     error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
-                    log.error("%s", error)
+                    log.error("%s", error, extra={"claim": ref})
                     answers[ref.uid] = PrepareResult(error=error)
         return answers
 
@@ -339,7 +392,7 @@ class Plugin:
                     answers[ref.uid] = None
                 except Exception as err:
                     error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
-                    log.error("%s", error)
+                    log.error("%s", error, extra={"claim": ref})
                     answers[ref.uid] = error
         return answers
 
@@ -368,7 +421,12 @@ class Plugin:
     def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
         results = claim_results(claim, self._driver)
         if not results:
-            log.warning("claim %s has no devices of %s: nothing to prepare", ref, self._driver)
+            log.warning(
+                "claim %s has no devices of %s: nothing to prepare",
+                ref,
+                self._driver,
+                extra={"claim": ref},
+            )
             return ()
         prepared_before = self._cdi.has_claim(ref.uid)
         try:
@@ -408,12 +466,19 @@ class Plugin:
         their resources away, so it stays allocated as it was.
         """
         if not rollback:
-            log.warning("claim %s was prepared before: it stays allocated", ref)
+            log.warning(
+                "claim %s was prepared before: it stays allocated", ref, extra={"claim": ref}
+            )
             return
         try:
             self._release_claim(ref)
         except Exception as err:
-            log.error("claim %s: rolling back the failed prepare failed too: %s", ref, err)
+            log.error(
+                "claim %s: rolling back the failed prepare failed too: %s",
+                ref,
+                err,
+                extra={"claim": ref},
+            )
 
     def _release_claim(self, ref: ClaimRef) -> None:
         """Release a claim: policy, commit, then spec.

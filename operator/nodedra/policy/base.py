@@ -73,6 +73,14 @@ class Policy(Protocol):
         """The UIDs of the claims held."""
         ...
 
+    def grants(self, uid: str) -> tuple[Grant, ...]:
+        """What claim ``uid`` holds, one grant per result (KeyError if nothing)."""
+        ...
+
+    def usage(self) -> tuple[dict[int, int], dict[int, int]]:
+        """CPUs held by claims and grantable CPUs free, per NUMA node."""
+        ...
+
 
 class ExclusiveCPUPolicy(ABC):
     """The allocation flow of policies that give claims CPUs of their own."""
@@ -185,6 +193,15 @@ class ExclusiveCPUPolicy(ABC):
     def free_cpus(self) -> frozenset[int]:
         """Grantable CPUs nobody holds."""
         return self.grantable - self._ledger.allocated_cpus()
+
+    def usage(self) -> tuple[dict[int, int], dict[int, int]]:
+        """CPUs held by claims and grantable CPUs free, per NUMA node."""
+        allocated, free = self._ledger.allocated_cpus(), self.free_cpus()
+        nodes = self._topology.nodes.values()
+        return (
+            {n.id: len(n.cpus & allocated) for n in nodes if n.cpus},
+            {n.id: len(n.cpus & free) for n in nodes if n.cpus},
+        )
 
     def _grant_all(self, results: Sequence[AllocationResult]) -> list[Grant]:
         grants: list[Grant] = []

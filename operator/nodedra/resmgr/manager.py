@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from nodedra.dra import ClusterAPI, Options, Plugin, driver_name
+from nodedra.dra import ClusterAPI, Options, Plugin, RequestObserver, driver_name
 from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
 from nodedra.policy import Policy, PolicyConfig
 
@@ -39,6 +39,7 @@ class ManagerOptions:
     cdi_dir: Path | str | None = None
     rolling_update_uid: str | None = None
     resync_period: float = 30.0
+    observer: RequestObserver | None = None
 
 
 class ResourceManager:
@@ -69,6 +70,7 @@ class ResourceManager:
                 cdi_dir=options.cdi_dir,
                 rolling_update_uid=options.rolling_update_uid,
                 resync_period=options.resync_period,
+                observer=options.observer,
             ),
         )
 

@@ -107,6 +107,7 @@ class FakeCluster:
         self.writes: list[tuple[str, str]] = []
         self.fail_next: list[KubeAPIError] = []
         self.keeps_list_attributes = False
+        self.status_owners: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
         self._versions = itertools.count(1)
         self._names = itertools.count()
         self.lock = threading.Lock()
@@ -181,6 +182,19 @@ class FakeCluster:
                 raise KubeAPIError(409, "precondition failed")
             del self.slices[name]
             self.writes.append(("delete", name))
+
+    def apply_claim_status(
+        self, claim: Any, devices: list[dict[str, Any]], field_manager: str
+    ) -> dict[str, Any]:
+        self._maybe_fail()
+        stored = self.claims[(claim.namespace, claim.name)]
+        if stored["metadata"]["uid"] != claim.uid:
+            raise KubeAPIError(409, "Precondition failed: UID in precondition")
+        owned = self.status_owners.setdefault((claim.namespace, claim.name), {})
+        owned[field_manager] = copy.deepcopy(devices)
+        stored["status"]["devices"] = [d for entries in owned.values() for d in entries]
+        self.writes.append(("status", claim.name))
+        return copy.deepcopy(stored)
 
     # Helpers for tests -------------------------------------------------------------------
 

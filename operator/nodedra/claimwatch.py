@@ -1,0 +1,211 @@
+"""What the ResourceClaim watch gives: an index, the claims' status, and orphan reports.
+
+The kubelet tells a driver which claims to prepare, but nobody tells it when a claim is gone
+for good. The watch keeps an index of the claims allocated to our driver on our node; with
+it nodedra reports claims it still holds whose ResourceClaim has disappeared (and releases
+them only when asked to), and writes each prepared claim's ``status.devices`` entries so
+that ``kubectl get resourceclaim -o yaml`` shows which CPUs and memory it got.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError
+from nodedra.dra.claims import AllocationResult, ClaimError, claim_ref, claim_results
+from nodedra.policy import Grant
+from nodedra.resmgr import ResourceManager
+from nodedra.topology import format_cpu_list
+
+log = logging.getLogger(__name__)
+
+
+def status_entries(
+    results: Sequence[AllocationResult], grants: Sequence[Grant]
+) -> list[dict[str, Any]]:
+    """Our ``status.devices`` entries: one per result, with what it got as ``data``."""
+    entries = []
+    for result, grant in zip(results, grants, strict=False):
+        entry: dict[str, Any] = {
+            "driver": result.driver,
+            "pool": result.pool,
+            "device": result.device,
+            "data": {
+                "cpus": format_cpu_list(grant.cpus),
+                "mems": format_cpu_list(grant.mems),
+                "memory": grant.memory,
+            },
+        }
+        if result.share_id:
+            entry["shareID"] = result.share_id
+        entries.append(entry)
+    return entries
+
+
+class ClaimIndex:
+    """The claims allocated to our driver on our node, by UID; fed by the watch."""
+
+    def __init__(self, driver: str, pool: str) -> None:
+        self._driver = driver
+        self._pool = pool
+        self._claims: dict[str, ClaimRef] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, event_type: str | None, claim: Mapping[str, Any]) -> ClaimRef | None:
+        """Take a watch event; the claim's ref if it is allocated to us (and not deleted)."""
+        try:
+            ref = claim_ref(claim)
+        except ClaimError:  # no UID: nothing to index
+            return None
+        try:
+            ours = event_type != "DELETED" and any(
+                r.pool == self._pool for r in claim_results(claim, self._driver)
+            )
+        except ClaimError:  # not allocated, or malformed: not ours to prepare
+            ours = False
+        with self._lock:
+            if ours:
+                self._claims[ref.uid] = ref
+                return ref
+            self._claims.pop(ref.uid, None)
+        return None
+
+    def uids(self) -> frozenset[str]:
+        """The UIDs of the claims indexed now."""
+        with self._lock:
+            return frozenset(self._claims)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._claims)
+
+
+class StatusWriter:
+    """Writes our entries of ``status.devices`` of the claims that changed, in a thread.
+
+    Kubelet requests only enqueue: the kubelet must not wait for a status write.
+    """
+
+    def __init__(self, api: ClusterAPI, manager: ResourceManager, node_name: str) -> None:
+        self._api = api
+        self._manager = manager
+        self._field_manager = f"nodedra-{node_name}"
+        self._queue: queue.SimpleQueue[ClaimRef | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def enqueue(self, ref: ClaimRef) -> None:
+        """Bring claim ``ref``'s status up to date soon."""
+        self._queue.put(ref)
+
+    def request_done(
+        self,
+        kind: str,
+        claims: Sequence[ClaimRef],
+        errors: Mapping[str, Exception | None],
+        seconds: float,
+    ) -> None:
+        """After a kubelet request: the claims it changed need their status written."""
+        for ref in claims:
+            if errors.get(ref.uid) is None and ref.name:
+                self.enqueue(ref)
+
+    def write(self, ref: ClaimRef) -> bool:
+        """Make the claim's status name what we hold for it; whether a write was needed."""
+        try:
+            claim = self._api.get_claim(ref.namespace, ref.name)
+            if str(claim.get("metadata", {}).get("uid")) != ref.uid:
+                return False  # replaced or gone: nothing of ours to describe
+            results = claim_results(claim, self._manager.driver)
+        except (KubeAPIError, ClaimError) as err:
+            if not (isinstance(err, KubeAPIError) and err.not_found):
+                log.warning(
+                    "claim %s: cannot read it for its status: %s", ref, err, extra={"claim": ref}
+                )
+            return False
+        with self._manager:
+            held = ref.uid in self._manager.policy.claim_uids()
+            grants = self._manager.policy.grants(ref.uid) if held else ()
+        desired = status_entries(results, grants)
+        current = [
+            d
+            for d in (claim.get("status") or {}).get("devices") or []
+            if d.get("driver") == self._manager.driver
+        ]
+        if _comparable(current) == _comparable(desired):
+            return False
+        try:
+            self._api.apply_claim_status(ref, desired, self._field_manager)
+        except KubeAPIError as err:
+            log.warning("claim %s: writing its status failed: %s", ref, err, extra={"claim": ref})
+            return False
+        return True
+
+    def _run(self) -> None:
+        while (ref := self._queue.get()) is not None:
+            try:
+                self.write(ref)
+            except Exception:  # one claim's trouble must not stop the writer
+                log.exception("claim %s: writing its status failed", ref, extra={"claim": ref})
+
+
+def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    keys = ("driver", "pool", "device", "shareID")
+    return sorted((*(e.get(k) for k in keys), repr(e.get("data"))) for e in entries)
+
+
+class OrphanTracker:
+    """Claims we hold whose ResourceClaim has been gone from the API for a while.
+
+    A claim vanishes before the kubelet unprepares it more often than one would think
+    (deleted with its pod), so only claims missing for longer than ``grace`` seconds count.
+    """
+
+    def __init__(
+        self,
+        index: ClaimIndex,
+        held: Callable[[], frozenset[str]],
+        grace: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._index = index
+        self._held = held
+        self._grace = grace
+        self._clock = clock
+        self._missing_since: dict[str, float] = {}
+        self._reported: set[str] = set()
+
+    def check(self) -> frozenset[str]:
+        """The orphans now; each is logged once when it becomes one."""
+        now = self._clock()
+        missing = self._held() - self._index.uids()
+        self._missing_since = {u: self._missing_since.get(u, now) for u in missing}
+        orphans = frozenset(
+            u for u, since in self._missing_since.items() if now - since >= self._grace
+        )
+        for uid in sorted(orphans - self._reported):
+            log.warning(
+                "claim %s is held here but its ResourceClaim has been gone from the API for "
+                "%.0f s; its CPUs stay allocated (set --release-orphans to release such claims)",
+                uid,
+                now - self._missing_since[uid],
+                extra={"claim": ClaimRef("", "", uid)},
+            )
+        self._reported = set(orphans)
+        return orphans

@@ -1,0 +1,137 @@
+"""nodedra's kopf handlers: start-up, clean-up, and the watches of slices and claims.
+
+Run with ``nodedra run`` or ``kopf run --standalone --all-namespaces -m nodedra.handlers``;
+either way the settings come from ``nodedra.settings`` (flags or environment variables).
+
+Only event handlers watch objects: kopf then never writes to them, so no finalizer and no
+kopf annotation ends up on a ResourceClaim or ResourceSlice. The ResourceSlice watch is
+narrowed on the server to our node and driver. The ResourceClaim watch sees every claim of
+the cluster (claims cannot be selected by node on the server); it can be turned off with
+``NODEDRA_WATCH_CLAIMS=false``, see the README for what it costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+import kopf
+
+from nodedra.runtime import Runtime
+from nodedra.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+
+
+class Shutdown:
+    """How anything, on any thread, stops the operator gracefully, and why it did."""
+
+    def __init__(self, stop_flag: threading.Event | None) -> None:
+        self._stop_flag = stop_flag
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        """Stop kopf: through its stop flag when we own one, else as SIGTERM would."""
+        if self.reason is None:
+            self.reason = reason
+        if self._stop_flag is not None:
+            self._stop_flag.set()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The same credentials nodedra's own client uses: --kubeconfig, or in-cluster."""
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_with_service_account(**kwargs)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Build and start nodedra; a setting that cannot work stops the operator at once."""
+    settings.posting.enabled = False  # no Events on objects that are not ours
+    settings.peering.standalone = True
+    try:
+        ours: Settings = memo.get("settings") or load_settings()
+        shutdown = memo.get("shutdown") or Shutdown(None)
+        runtime = await asyncio.to_thread(Runtime, ours, shutdown.request)
+        await asyncio.to_thread(runtime.start)
+    except Exception as err:
+        log.error("nodedra cannot start: %s", err)
+        raise kopf.PermanentError(f"nodedra cannot start: {err}") from err
+    settings.watching.field_selectors[RESOURCE_GROUP, "resourceslices"] = (
+        f"spec.nodeName={ours.node_name},spec.driver={runtime.driver}"
+    )
+    memo["runtime"] = runtime
+    memo["periodic"] = asyncio.create_task(_periodic(runtime))
+
+
+async def _periodic(runtime: Runtime) -> None:
+    while True:
+        await asyncio.sleep(runtime.settings.config_poll)
+        try:
+            await asyncio.to_thread(runtime.periodic)
+        except Exception:
+            log.exception("periodic checks failed")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop serving the kubelet, remove our sockets, save the state; slices stay."""
+    task = memo.get("periodic")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None:
+        await asyncio.to_thread(runtime.stop)
+
+
+@kopf.on.probe(id="nodedra")
+def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Shown on the liveness endpoint: whether the kubelet registered us, and claims held."""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is None:
+        return {"started": False}
+    return {"started": True, "driver": runtime.driver, "claims": len(runtime.index)}
+
+
+@kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
+def slice_event(memo: kopf.Memo, **_: Any) -> None:
+    """Any change to our slices (a deletion by the kubelet, an edit): check them now."""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is not None:
+        runtime.on_slice_event()
+
+
+def _watch_claims() -> bool:
+    try:
+        return load_settings(environ={**os.environ, "NODE_NAME": "-"}).watch_claims
+    except SettingsError:
+        return True
+
+
+if _watch_claims():
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
+    def claim_event(
+        type: str | None,  # kopf's name for the event type
+        body: kopf.Body,
+        memo: kopf.Memo,
+        **_: Any,
+    ) -> None:
+        """Index claims allocated to us and keep our part of their status current."""
+        runtime: Runtime | None = memo.get("runtime")
+        if runtime is not None:
+            runtime.on_claim_event(type, body)

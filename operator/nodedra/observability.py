@@ -1,0 +1,188 @@
+"""Metrics and logs: what someone paged at 3 a.m. looks at first.
+
+Metrics are Prometheus metrics on their own registry, served over HTTP: kubelet requests
+(counts, errors, latency), what is published, what claims hold, free and allocated CPUs per
+NUMA node, claims gone from the API, configuration reloads. Logs are lines of text or JSON;
+every line about a claim carries its UID, namespace and name as fields.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from nodedra.dra import ClaimRef, RequestObserver
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """A snapshot of what the policy has handed out."""
+
+    devices: int
+    claims: int
+    allocated_cpus: Mapping[int, int]
+    """NUMA node -> CPUs held by claims."""
+    free_cpus: Mapping[int, int]
+    """NUMA node -> grantable CPUs nobody holds."""
+
+
+class _UsageCollector(Collector):
+    """Reads the usage gauges when Prometheus scrapes, not on every change."""
+
+    def __init__(self, usage: Callable[[], NodeUsage | None]) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        usage = self._usage()
+        if usage is None:
+            return
+        yield GaugeMetricFamily(
+            "nodedra_devices_published", "Devices the policy publishes.", value=usage.devices
+        )
+        yield GaugeMetricFamily(
+            "nodedra_claims_held", "Claims the policy holds.", value=usage.claims
+        )
+        for name, doc, values in (
+            ("nodedra_cpus_allocated", "CPUs held by claims.", usage.allocated_cpus),
+            ("nodedra_cpus_free", "Grantable CPUs nobody holds.", usage.free_cpus),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["numa_node"])
+            for node, count in sorted(values.items()):
+                family.add_metric([str(node)], count)
+            yield family
+
+
+class Metrics:
+    """nodedra's metrics, on a registry of their own (no process-global state)."""
+
+    def __init__(self, usage: Callable[[], NodeUsage | None] = lambda: None) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "nodedra_requests",
+            "Claims in kubelet requests, by request kind and result.",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "nodedra_request_seconds",
+            "Time to answer a kubelet request, by kind.",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.orphans = Gauge(
+            "nodedra_orphan_claims",
+            "Claims held here whose ResourceClaim is gone from the API server.",
+            registry=self.registry,
+        )
+        self.config_reloads = Counter(
+            "nodedra_config_reloads",
+            "Configuration changes seen, by result (applied or refused).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.registry.register(_UsageCollector(usage))
+
+    def request_done(
+        self,
+        kind: str,
+        claims: Sequence[ClaimRef],
+        errors: Mapping[str, Exception | None],
+        seconds: float,
+    ) -> None:
+        """Count a kubelet request (the plugin's RequestObserver)."""
+        self.latency.labels(kind).observe(seconds)
+        for ref in claims:
+            result = "error" if errors.get(ref.uid) is not None else "ok"
+            self.requests.labels(kind, result).inc()
+
+    def serve(self, host: str, port: int) -> tuple[int, Callable[[], None]]:
+        """Serve /metrics on ``host:port`` in a thread: the port, and how to stop it."""
+        server, thread = start_http_server(port, host, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+        return server.server_address[1], stop
+
+
+class Observers:
+    """Hands each kubelet request to several observers (metrics, claim status)."""
+
+    def __init__(self, *observers: RequestObserver) -> None:
+        self._observers = list(observers)
+
+    def add(self, observer: RequestObserver) -> None:
+        """Tell ``observer`` too, from the next request on."""
+        self._observers.append(observer)
+
+    def request_done(
+        self,
+        kind: str,
+        claims: Sequence[ClaimRef],
+        errors: Mapping[str, Exception | None],
+        seconds: float,
+    ) -> None:
+        """Tell every observer."""
+        for observer in self._observers:
+            observer.request_done(kind, claims, errors, seconds)
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object a line, with the claim's UID, namespace and name as fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as JSON."""
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(claim_fields(record))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+class TextFormatter(logging.Formatter):
+    """Plain lines; a claim's fields are appended where the message does not name them."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a line of text."""
+        line = super().format(record)
+        fields = claim_fields(record)
+        if fields and fields["claim_uid"] not in record.getMessage():
+            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return line
+
+
+def claim_fields(record: logging.LogRecord) -> dict[str, str]:
+    """The claim a log record is about, if any (``extra={"claim": ClaimRef}``)."""
+    claim = getattr(record, "claim", None)
+    if not isinstance(claim, ClaimRef):
+        return {}
+    return {"claim_uid": claim.uid, "claim_namespace": claim.namespace, "claim_name": claim.name}
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Send every logger's records to stderr in ``fmt`` (text or json) from ``level`` up."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

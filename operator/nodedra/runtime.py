@@ -1,0 +1,196 @@
+"""The running node agent: everything ``nodedra run`` builds, wired together.
+
+kopf's handlers stay thin: they call into this object, which owns the resource manager,
+the policy, the plugin, the metrics and what the ResourceClaim watch feeds. Building it
+checks everything a person could get wrong before anything starts, and says which setting
+to fix: the node name, the API server, the directories, the configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
+from nodedra.configwatch import ConfigWatcher
+from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
+from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
+from nodedra.observability import Metrics, NodeUsage, Observers
+from nodedra.policy import PolicyConfig, load_config, make_policy
+from nodedra.resmgr import ManagerOptions, ResourceManager
+from nodedra.settings import Settings, SettingsError, split_address
+from nodedra.topology import read_topology
+
+log = logging.getLogger(__name__)
+
+
+def kube_client(settings: Settings) -> k8s.ApiClient:
+    """A client from ``--kubeconfig``, or from the pod's service account."""
+    try:
+        configuration = k8s.Configuration()
+        if settings.kubeconfig:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=settings.kubeconfig, client_configuration=configuration
+            )
+        else:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        return k8s.ApiClient(configuration)
+    except (k8s_config.ConfigException, OSError) as err:
+        where = settings.kubeconfig or "the in-cluster service account"
+        raise SettingsError(
+            f"cannot configure the Kubernetes client from {where}: {err}. Pass --kubeconfig "
+            "(or set KUBECONFIG) when running outside a cluster"
+        ) from None
+
+
+def check_api_server(api_client: k8s.ApiClient) -> str:
+    """The API server's version; SettingsError saying where it is if it does not answer."""
+    try:
+        version = k8s.VersionApi(api_client).get_code(_request_timeout=10)
+    except Exception as err:  # urllib3 and the client raise many kinds
+        raise SettingsError(
+            f"cannot reach the API server at {api_client.configuration.host}: {err}"
+        ) from None
+    return str(version.git_version)
+
+
+def check_writable(directory: Path, what: str) -> None:
+    """Create ``directory`` if needed and prove we can write there, or say which flag."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise SettingsError(f"{what} {directory} is not writable: {err.strerror or err}") from None
+
+
+def initial_config(settings: Settings) -> PolicyConfig:
+    """The configuration file, or the defaults when the default file does not exist."""
+    if settings.config_required or settings.config.exists():
+        return load_config(settings.config)
+    log.info("no configuration at %s: using the defaults", settings.config)
+    return PolicyConfig()
+
+
+class Runtime:
+    """nodedra on one node."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_shutdown: Callable[[str], None],
+        api_client: k8s.ApiClient | None = None,
+    ) -> None:
+        self.settings = settings
+        topology = read_topology(settings.sysfs)
+        policy = make_policy(topology, initial_config(settings))
+        self.driver = driver_name(policy.name)
+        self.api_client = api_client or kube_client(settings)
+        self.server_version = check_api_server(self.api_client)
+        self.plugin_dir = settings.plugin_dir or KUBELET_PLUGINS_DIR / self.driver
+        for directory, what in (
+            (settings.registry_dir or KUBELET_REGISTRY_DIR, "--registry-dir"),
+            (self.plugin_dir, "--plugin-dir"),
+            (settings.cdi_dir or Path("/var/run/cdi"), "--cdi-dir"),
+            (settings.state_dir or self.plugin_dir, "--state-dir"),
+        ):
+            check_writable(Path(directory), what)
+        api = KubeClusterAPI(self.api_client)
+        self.metrics = Metrics(self.usage)
+        self.index = ClaimIndex(self.driver, settings.node_name)
+        observers = Observers(self.metrics)
+        self.manager = ResourceManager(
+            policy,
+            api,
+            ManagerOptions(
+                node_name=settings.node_name,
+                state_dir=settings.state_dir,
+                registrar_dir=settings.registry_dir,
+                plugin_data_dir=self.plugin_dir,
+                cdi_dir=settings.cdi_dir,
+                rolling_update_uid=settings.pod_uid,
+                resync_period=settings.resync_period,
+                observer=observers,
+            ),
+            on_shutdown,
+        )
+        self.status: StatusWriter | None = None
+        if settings.watch_claims:
+            self.status = StatusWriter(api, self.manager, settings.node_name)
+            observers.add(self.status)
+        self.orphans = OrphanTracker(self.index, self._held, settings.orphan_grace)
+        self.config = ConfigWatcher(settings.config, self.manager.reconfigure, self._count_reload)
+        self._stop_metrics: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        """Start serving: the manager's start-up order, then status writes and metrics."""
+        self.manager.start()
+        if self.status is not None:
+            self.status.start()
+        if self.settings.metrics_address:
+            host, port = split_address(self.settings.metrics_address)
+            _, self._stop_metrics = self.metrics.serve(host, port)
+        log.info(
+            "nodedra serving driver %s on node %s (API server %s)",
+            self.driver,
+            self.settings.node_name,
+            self.server_version,
+        )
+
+    def stop(self) -> None:
+        """Stop serving and save state; the ResourceSlices stay."""
+        self.manager.stop()
+        if self.status is not None:
+            self.status.stop()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
+            self._stop_metrics = None
+
+    def on_slice_event(self) -> None:
+        """One of our ResourceSlices changed or went away: check them against ours."""
+        self.manager.plugin.resync()
+
+    def on_claim_event(self, event_type: str | None, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim changed: index it, and bring our part of its status up to date."""
+        ref = self.index.observe(event_type, claim)
+        if ref is not None and self.status is not None:
+            self.status.enqueue(ref)
+
+    def periodic(self) -> None:
+        """The checks that run every few seconds: the configuration file, orphans."""
+        self.config.check()
+        if not self.settings.watch_claims:
+            return
+        orphans = self.orphans.check()
+        self.metrics.orphans.set(len(orphans))
+        if orphans and self.settings.release_orphans:
+            refs = [ClaimRef("", "", uid) for uid in sorted(orphans)]
+            for uid, error in self.manager.plugin.unprepare_resource_claims(refs).items():
+                if error is None:
+                    log.warning("released orphaned claim %s", uid)
+
+    def usage(self) -> NodeUsage | None:
+        """What the policy has handed out, for the metrics; None if the lock is busy."""
+        if not self.manager.acquire(timeout=1):
+            return None
+        try:
+            policy = self.manager.policy
+            allocated, free = policy.usage()
+            return NodeUsage(len(policy.devices()), len(policy.claim_uids()), allocated, free)
+        finally:
+            self.manager.release()
+
+    def _held(self) -> frozenset[str]:
+        with self.manager:
+            return self.manager.policy.claim_uids()
+
+    def _count_reload(self, result: str) -> None:
+        self.metrics.config_reloads.labels(result).inc()

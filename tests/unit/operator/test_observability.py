@@ -1,0 +1,88 @@
+"""Metrics and log formats."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+
+from prometheus_client import generate_latest
+
+from nodedra.dra import ClaimRef
+from nodedra.observability import JSONFormatter, Metrics, NodeUsage, TextFormatter
+
+REF = ClaimRef("ns", "name", "uid-1")
+
+
+def record(message: str, claim: ClaimRef | None = None) -> logging.LogRecord:
+    rec = logging.LogRecord("nodedra.dra.plugin", logging.ERROR, __file__, 1, message, (), None)
+    if claim is not None:
+        rec.claim = claim
+    return rec
+
+
+def test_json_lines_name_the_claim() -> None:
+    line = json.loads(JSONFormatter().format(record("it failed", REF)))
+    assert line["message"] == "it failed"
+    assert line["level"] == "error"
+    assert (line["claim_uid"], line["claim_namespace"], line["claim_name"]) == (
+        "uid-1",
+        "ns",
+        "name",
+    )
+    assert "claim_uid" not in json.loads(JSONFormatter().format(record("no claim")))
+
+
+def test_text_lines_add_the_claim_when_the_message_lacks_it() -> None:
+    assert (
+        TextFormatter()
+        .format(record("it failed", REF))
+        .endswith("it failed claim_uid=uid-1 claim_namespace=ns claim_name=name")
+    )
+    assert (
+        TextFormatter()
+        .format(record("claim ns/name (uid-1) failed", REF))
+        .endswith("claim ns/name (uid-1) failed")
+    )
+
+
+def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float | None:
+    return metrics.registry.get_sample_value(name, labels or {})
+
+
+def test_request_metrics() -> None:
+    metrics = Metrics()
+    other = ClaimRef("ns", "b", "uid-2")
+    metrics.request_done("prepare", [REF, other], {"uid-1": None, "uid-2": ValueError("x")}, 0.02)
+    metrics.request_done("unprepare", [REF], {"uid-1": None}, 0.001)
+    assert sample(metrics, "nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
+    assert sample(metrics, "nodedra_requests_total", {"kind": "prepare", "result": "error"}) == 1
+    assert sample(metrics, "nodedra_requests_total", {"kind": "unprepare", "result": "ok"}) == 1
+    assert sample(metrics, "nodedra_request_seconds_count", {"kind": "prepare"}) == 1
+    assert (
+        sample(metrics, "nodedra_request_seconds_bucket", {"kind": "prepare", "le": "0.025"}) == 1
+    )
+    assert sample(metrics, "nodedra_request_seconds_bucket", {"kind": "prepare", "le": "0.01"}) == 0
+
+
+def test_usage_is_read_at_scrape_time() -> None:
+    usage = [NodeUsage(4, 2, {0: 3, 1: 0}, {0: 11, 1: 14})]
+    metrics = Metrics(lambda: usage[0])
+    assert sample(metrics, "nodedra_cpus_free", {"numa_node": "0"}) == 11
+    usage[0] = NodeUsage(4, 3, {0: 4, 1: 0}, {0: 10, 1: 14})
+    assert sample(metrics, "nodedra_cpus_allocated", {"numa_node": "0"}) == 4
+    assert sample(metrics, "nodedra_claims_held") == 3
+    assert sample(metrics, "nodedra_devices_published") == 4
+
+
+def test_metrics_endpoint() -> None:
+    metrics = Metrics()
+    metrics.orphans.set(2)
+    port, stop = metrics.serve("127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        stop()
+    assert "nodedra_orphan_claims 2.0" in text
+    assert text == generate_latest(metrics.registry).decode()

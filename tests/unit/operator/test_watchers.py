@@ -1,0 +1,157 @@
+"""The claim index, claim status, orphan reports and the configuration watcher."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
+from nodedra.configwatch import ConfigWatcher
+from nodedra.dra import ClaimRef
+from nodedra.policy import PolicyConfig
+from nodedra.topology import format_cpu_list
+from tests.unit.dra.fakes import NODE, make_claim, result
+from tests.unit.resmgr.test_manager import Node
+
+TA = "topology-aware.nri.io"
+
+
+def ours(uid: str, **extra: object) -> dict[str, object]:
+    return make_claim(uid, [result("req", "cpudevnuma000", driver=TA, pool=NODE, **extra)])
+
+
+def test_index_keeps_only_claims_allocated_to_us() -> None:
+    index = ClaimIndex(TA, NODE)
+    assert index.observe(None, ours("a")) == ClaimRef("default", "claim-a", "a")
+    assert (
+        index.observe("ADDED", make_claim("b", [result("r", "d", driver="gpu.example.com")]))
+        is None
+    )
+    assert (
+        index.observe(
+            "ADDED", make_claim("c", [result("r", "cpudevnuma000", driver=TA, pool="other-node")])
+        )
+        is None
+    )
+    unallocated = ours("d")
+    del unallocated["status"]["allocation"]  # type: ignore[index]
+    assert index.observe("MODIFIED", unallocated) is None
+    assert index.observe("MODIFIED", {"metadata": {}}) is None  # malformed: ignored
+    assert index.uids() == {"a"}
+    deallocated = ours("a")
+    del deallocated["status"]["allocation"]  # type: ignore[index]
+    index.observe("MODIFIED", deallocated)
+    assert index.uids() == set()
+    index.observe("ADDED", ours("e"))
+    index.observe("DELETED", ours("e"))
+    assert len(index) == 0
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path, "topology-aware")
+    n.manager.start()
+    yield n
+    n.manager.stop()
+
+
+def test_status_names_what_the_claim_got_and_goes_on_release(node: Node) -> None:
+    ref = node.add_claim(
+        "u1",
+        [
+            result(
+                "req",
+                "cpudevnuma000",
+                driver=TA,
+                pool=NODE,
+                consumedCapacity={"cpu": "2"},
+                shareID="s1",
+            )
+        ],
+    )
+    node.manager.plugin.node_prepare([ref])
+    writer = StatusWriter(node.cluster, node.manager, NODE)
+    assert writer.write(ref) is True
+    (entry,) = node.cluster.claims[("default", "claim-u1")]["status"]["devices"]
+    (grant,) = node.manager.policy.grants("u1")
+    assert entry["driver"] == TA
+    assert (entry["pool"], entry["device"], entry["shareID"]) == (NODE, "cpudevnuma000", "s1")
+    assert entry["data"] == {
+        "cpus": format_cpu_list(grant.cpus),
+        "mems": "0",
+        "memory": 0,
+    }
+    assert len(grant.cpus) == 2
+    assert writer.write(ref) is False, "nothing changed: no second write"
+    node.manager.plugin.node_unprepare([ref])
+    assert writer.write(ref) is True
+    assert node.cluster.claims[("default", "claim-u1")]["status"]["devices"] == []
+
+
+def test_status_of_a_replaced_or_missing_claim_is_not_written(node: Node) -> None:
+    writer = StatusWriter(node.cluster, node.manager, NODE)
+    assert writer.write(ClaimRef("default", "missing", "x")) is False
+    node.add_claim("u2", [])
+    assert writer.write(ClaimRef("default", "claim-u2", "other-uid")) is False
+    assert not [w for w in node.cluster.writes if w[0] == "status"]
+
+
+def test_status_writer_thread_writes_after_requests(node: Node) -> None:
+    ref = node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
+    )
+    writer = StatusWriter(node.cluster, node.manager, NODE)
+    writer.start()
+    writer.request_done("prepare", [ref], {"u1": None}, 0.01)
+    writer.stop()  # finishes what is queued
+    assert ("status", "claim-u1") not in node.cluster.writes, "not prepared: nothing to write"
+    node.manager.plugin.node_prepare([ref])
+    writer = StatusWriter(node.cluster, node.manager, NODE)
+    writer.start()
+    writer.request_done("prepare", [ref], {"u1": None}, 0.01)
+    writer.stop()
+    assert ("status", "claim-u1") in node.cluster.writes
+
+
+def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:
+    index = ClaimIndex(TA, NODE)
+    held = {"a", "b"}
+    now = [100.0]
+    tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
+    index.observe(None, ours("a"))
+    assert tracker.check() == set()
+    now[0] += 59
+    assert tracker.check() == set()
+    now[0] += 1
+    with caplog.at_level(logging.WARNING):
+        assert tracker.check() == {"b"}
+        assert tracker.check() == {"b"}
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert (
+        "claim b is held here but its ResourceClaim has been gone" in caplog.records[0].getMessage()
+    )
+    held.discard("b")
+    assert tracker.check() == set()
+
+
+def test_config_watcher(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("reservedCPUs: 0\n")
+    applied: list[PolicyConfig] = []
+    results: list[str] = []
+    watcher = ConfigWatcher(path, applied.append, results.append)
+    assert watcher.check() is None, "the file as it was at start is in force already"
+    path.write_text("reservedCPUs: 0-1\n")
+    assert watcher.check() == "applied"
+    assert applied[-1].reserved_cpus == {0, 1}
+    assert watcher.check() is None
+    path.write_text("reservedCPUs: nonsense\n")
+    assert watcher.check() == "refused"
+    assert watcher.check() is None, "a refused file is reported once"
+    path.unlink()
+    assert watcher.check() is None
+    assert results == ["applied", "refused"]
+    assert len(applied) == 1

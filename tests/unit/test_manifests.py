@@ -1,0 +1,372 @@
+"""The deployment manifests in manifests/: well-formed, complete, least-privilege, consistent.
+
+These tests read the YAML only; applying it to a real API server is the integration tests' job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nodedra.dra import driver_name
+from nodedra.policy import PolicyConfig, load_config, parse_config
+from nodedra.settings import FLAGS
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+SAMPLES = MANIFESTS / "samples"
+NAMESPACE = "nodedra"
+SAMPLES_NAMESPACE = "nodedra-demo"
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:nodedra"
+
+#: Kinds that live in no namespace.
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
+}
+
+#: Exactly what nodedra does with the API: (apiGroup, resource) -> verbs.
+EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
+    ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
+    ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+    ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+    ("", "nodes"): {"get"},
+}
+
+#: Environment variables the DaemonSet must set, with their values (None: from fieldRef).
+EXPECTED_ENV: dict[str, str | None] = {
+    "NODE_NAME": None,
+    "POD_UID": None,
+    "NODEDRA_STATE_DIR": "/var/lib/nodedra",
+    "NODEDRA_CONFIG": "/etc/nodedra/config.yaml",
+    "NODEDRA_LOG_FORMAT": "json",
+    "NODEDRA_METRICS_ADDRESS": "0.0.0.0:9464",
+    "NODEDRA_HEALTH_ADDRESS": "0.0.0.0:8080",
+}
+
+#: Host directories the DaemonSet needs.
+EXPECTED_HOST_PATHS = {
+    "/var/lib/kubelet/plugins_registry",
+    "/var/lib/kubelet/plugins",
+    "/var/run/cdi",
+    "/var/lib/nodedra",
+}
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+
+
+def _documents(path: Path) -> list[Any]:
+    with path.open() as stream:
+        return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+
+
+def _resources(directory: Path) -> list[Path]:
+    """The files a kustomization.yaml lists, in its order."""
+    (kustomization,) = _documents(directory / "kustomization.yaml")
+    return [directory / name for name in kustomization["resources"]]
+
+
+def _objects(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in _resources(directory):
+        for doc in _documents(path):
+            yield path, doc
+
+
+def _main_objects() -> list[dict[str, Any]]:
+    return [obj for _, obj in _objects(MANIFESTS)]
+
+
+def _sample_objects() -> list[dict[str, Any]]:
+    return [obj for _, obj in _objects(SAMPLES)]
+
+
+def _only(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _daemonset() -> dict[str, Any]:
+    return _only(_main_objects(), "DaemonSet", "nodedra")
+
+
+def _container() -> dict[str, Any]:
+    (container,) = _daemonset()["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# -- files --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(MANIFESTS.rglob("*.yaml")),
+    ids=lambda p: str(p.relative_to(MANIFESTS)),
+)
+def test_every_file_parses(path: Path) -> None:
+    assert _documents(path), f"{path} holds no object"
+
+
+@pytest.mark.parametrize("directory", [MANIFESTS, SAMPLES], ids=["main", "samples"])
+def test_kustomization_lists_exactly_the_files_present(directory: Path) -> None:
+    present = {p.name for p in _yaml_files(directory)} - {"kustomization.yaml"}
+    listed = [p.name for p in _resources(directory)]
+    assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+    assert set(listed) == present
+
+
+def test_samples_are_not_part_of_the_main_kustomization() -> None:
+    (kustomization,) = _documents(MANIFESTS / "kustomization.yaml")
+    assert not any("samples" in entry for entry in kustomization["resources"])
+
+
+@pytest.mark.parametrize(
+    ("directory", "namespace"),
+    [(MANIFESTS, NAMESPACE), (SAMPLES, SAMPLES_NAMESPACE)],
+    ids=["main", "samples"],
+)
+def test_objects_are_complete_and_in_their_namespace(directory: Path, namespace: str) -> None:
+    objects = list(_objects(directory))
+    assert objects
+    for path, obj in objects:
+        where = f"{path.name}: {obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+        assert obj.get("apiVersion"), where
+        assert obj.get("kind"), where
+        assert obj.get("metadata", {}).get("name"), where
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], where
+        else:
+            assert obj["metadata"].get("namespace") == namespace, where
+    namespaces = [o["metadata"]["name"] for _, o in objects if o["kind"] == "Namespace"]
+    assert namespaces == [namespace]
+
+
+def test_api_versions() -> None:
+    expected = {
+        "Namespace": "v1",
+        "ServiceAccount": "v1",
+        "ConfigMap": "v1",
+        "ClusterRole": "rbac.authorization.k8s.io/v1",
+        "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+        "ValidatingAdmissionPolicy": "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io/v1",
+        "DaemonSet": "apps/v1",
+        "DeviceClass": "resource.k8s.io/v1",
+        "ResourceClaimTemplate": "resource.k8s.io/v1",
+        "Pod": "v1",
+    }
+    for obj in _main_objects() + _sample_objects():
+        assert obj["apiVersion"] == expected[obj["kind"]], obj["kind"]
+
+
+# -- RBAC ---------------------------------------------------------------------
+
+
+def test_cluster_role_grants_exactly_what_nodedra_does() -> None:
+    role = _only(_main_objects(), "ClusterRole", "nodedra")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == EXPECTED_RULES
+
+
+def test_cluster_role_has_no_wildcards_or_dangerous_rights() -> None:
+    role = _only(_main_objects(), "ClusterRole", "nodedra")
+    assert "aggregationRule" not in role
+    for rule in role["rules"]:
+        values = [*rule["apiGroups"], *rule["resources"], *rule["verbs"]]
+        assert not any("*" in value for value in values), rule
+        assert not {"secrets", "pods", "pods/exec"} & set(rule["resources"]), rule
+        assert not any("exec" in resource for resource in rule["resources"]), rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+
+
+def test_cluster_role_binding_names_the_service_account() -> None:
+    objects = _main_objects()
+    binding = _only(objects, "ClusterRoleBinding", "nodedra")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "nodedra",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nodedra", "namespace": NAMESPACE}
+    ]
+    _only(objects, "ServiceAccount", "nodedra")
+
+
+# -- admission policy ---------------------------------------------------------
+
+
+def test_admission_policy_limits_nodedra_to_its_own_node() -> None:
+    objects = _main_objects()
+    policy = _only(objects, "ValidatingAdmissionPolicy")
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["resource.k8s.io"]
+    assert rule["resources"] == ["resourceslices"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    (condition,) = spec["matchConditions"]
+    assert SERVICE_ACCOUNT_USER in condition["expression"]
+    expressions = " ".join(v["expression"] for v in spec.get("variables", []))
+    expressions += " ".join(v["expression"] for v in spec["validations"])
+    assert "request.userInfo.extra[?'authentication.kubernetes.io/node-name']" in expressions
+    assert "object" in expressions
+    assert "oldObject" in expressions
+    assert "nodeName" in expressions
+    for validation in spec["validations"]:
+        assert validation.get("message") or validation.get("messageExpression"), validation
+
+    binding = _only(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+# -- DaemonSet ----------------------------------------------------------------
+
+
+def test_daemonset_env_uses_only_known_settings() -> None:
+    known = {flag.env for flag in FLAGS} | {"NODE_NAME", "POD_UID"}
+    env = _container()["env"]
+    names = [var["name"] for var in env]
+    assert len(names) == len(set(names)), names
+    assert set(names) <= known, sorted(set(names) - known)
+    values = {var["name"]: var.get("value") for var in env}
+    assert values.items() >= EXPECTED_ENV.items()
+
+
+def test_daemonset_gets_node_name_and_pod_uid_from_the_downward_api() -> None:
+    env = {var["name"]: var for var in _container()["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
+def test_daemonset_rolls_with_surge() -> None:
+    strategy = _daemonset()["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_daemonset_mounts_host_paths_at_the_same_path() -> None:
+    pod = _daemonset()["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert set(host_paths.values()) == EXPECTED_HOST_PATHS
+    for name, path in host_paths.items():
+        assert mounts.get(name) == path, f"hostPath volume {name} ({path}) mounted at {mounts}"
+    volumes = {v["name"] for v in pod["volumes"]}
+    assert set(mounts) <= volumes
+
+
+def test_daemonset_mounts_the_config_where_nodedra_reads_it() -> None:
+    pod = _daemonset()["spec"]["template"]["spec"]
+    (config,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert config["configMap"]["name"] == "nodedra-config"
+    (mount,) = [m for m in _container()["volumeMounts"] if m["name"] == config["name"]]
+    assert "subPath" not in mount  # a subPath mount never sees ConfigMap updates
+    env = {var["name"]: var.get("value") for var in _container()["env"]}
+    assert env["NODEDRA_CONFIG"] == mount["mountPath"] + "/config.yaml"
+
+
+def test_daemonset_pod_settings() -> None:
+    daemonset = _daemonset()
+    pod = daemonset["spec"]["template"]["spec"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pod["serviceAccountName"] == "nodedra"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["terminationGracePeriodSeconds"] == 60
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert not pod.get("hostNetwork")
+
+    container = _container()
+    assert container["image"] == "nodedra:0.1.0"
+    assert container["command"] == ["nodedra", "run"]
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9464, "health": 8080}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    assert probe["port"] in ("health", 8080)
+
+
+def test_daemonset_security_context() -> None:
+    security = _container()["securityContext"]
+    assert security["runAsUser"] == 0
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert not security.get("privileged")
+
+
+# -- configuration and classes ------------------------------------------------
+
+
+def test_config_map_holds_a_valid_configuration(tmp_path: Path) -> None:
+    config_map = _only(_main_objects(), "ConfigMap", "nodedra-config")
+    text = config_map["data"]["config.yaml"]
+    parsed = parse_config(yaml.safe_load(text), "config.yaml")
+    assert parsed == PolicyConfig(policy="topology-aware", reserved_cpus=frozenset({0}))
+    (tmp_path / "config.yaml").write_text(text)
+    assert load_config(tmp_path / "config.yaml") == parsed
+
+
+def test_device_classes_select_the_drivers() -> None:
+    classes = [o for o in _main_objects() if o["kind"] == "DeviceClass"]
+    by_name = {c["metadata"]["name"]: c for c in classes}
+    drivers = [driver_name("topology-aware"), driver_name("static")]
+    assert sorted(by_name) == sorted(drivers)
+    for driver in drivers:
+        (selector,) = by_name[driver]["spec"]["selectors"]
+        assert selector["cel"]["expression"] == f'device.driver == "{driver}"'
+
+
+# -- samples ------------------------------------------------------------------
+
+
+def _pod_and_template(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    objects = _sample_objects()
+    pod = _only(objects, "Pod", name)
+    (pod_claim,) = pod["spec"]["resourceClaims"]
+    template = _only(objects, "ResourceClaimTemplate", pod_claim["resourceClaimTemplateName"])
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": pod_claim["name"]}]
+    assert container["image"].split(":")[0] == "busybox"
+    assert container["command"] == ["sh", "-c", "env | grep ^DRA_; sleep 3600"]
+    return pod, template
+
+
+def test_sample_topology_aware_asks_for_capacity() -> None:
+    _, template = _pod_and_template("numa-cpus")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    exactly = request["exactly"]
+    assert exactly["deviceClassName"] == driver_name("topology-aware")
+    assert exactly["capacity"] == {"requests": {"cpu": "2", "memory": "256Mi"}}
+
+
+def test_sample_static_asks_for_two_cpus_on_one_numa_node() -> None:
+    _, template = _pod_and_template("static-cpus")
+    devices = template["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    assert request["exactly"]["deviceClassName"] == driver_name("static")
+    assert request["exactly"]["count"] == 2
+    assert devices["constraints"] == [
+        {"requests": [request["name"]], "matchAttribute": "resource.kubernetes.io/numaNode"}
+    ]
