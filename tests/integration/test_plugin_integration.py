@@ -1,0 +1,465 @@
+"""nodedra's kubelet plugin against the real peers: the API server validates its slices, the
+kubelet's own plugin manager registers it, and the kubelet's DRA manager prepares pods'
+claims through it. The resource manager and both policies are the real ones."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc
+from nodedra.dra import KubeAPIError, KubeClusterAPI, Options, Plugin, driver_name
+from nodedra.policy import make_policy, parse_config
+from nodedra.policy.quantity import parse_quantity
+from nodedra.resmgr import ManagerOptions, ResourceManager
+from nodedra.topology import parse_cpu_list, read_topology
+from tests.integration.conftest import GoDriverFactory, KubeletFactory
+from tests.peers.cluster import get_claim, pod_claim_name, poll, resource_slices, wait_pod_scheduled
+from tests.peers.controlplane import APIError, ControlPlane
+from tests.peers.kubelet import KubeletHarness
+from tests.unit.dra.fakes import FakeOwner, FakePolicy, devices
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+SHAPE = FIXTURES / "two-socket-smt2-numa4"
+TA = driver_name("topology-aware")
+STATIC = driver_name("static")
+
+
+class Nodedra:
+    """nodedra's resource manager and plugin for one node, on the harness's registry."""
+
+    def __init__(
+        self, api: ApiClient, node: str, registry: Path, workdir: Path, policy: str
+    ) -> None:
+        self.workdir = workdir
+        self.config = parse_config({"policy": policy})
+        self.options = ManagerOptions(
+            node_name=node,
+            registrar_dir=registry,
+            plugin_data_dir=workdir / "plugin",
+            cdi_dir=workdir / "cdi",
+            state_dir=workdir / "state",
+            resync_period=1.0,
+        )
+        self.api = api
+        self.shutdowns: list[str] = []
+        self.manager = self.new()
+
+    def new(self) -> ResourceManager:
+        """A manager as a (re)started process builds it."""
+        return ResourceManager(
+            make_policy(read_topology(SHAPE), self.config),
+            KubeClusterAPI(self.api),
+            self.options,
+            self.shutdowns.append,
+        )
+
+    @property
+    def driver(self) -> str:
+        return self.manager.driver
+
+
+NodedraFactory = Callable[..., Nodedra]
+
+
+@pytest.fixture
+def nodedra(admin_api: ApiClient, peer_workdir: Path) -> Iterator[NodedraFactory]:
+    started: list[Nodedra] = []
+
+    def start(kubelet: KubeletHarness, policy: str = "topology-aware") -> Nodedra:
+        node = Nodedra(
+            admin_api,
+            kubelet.node_name,
+            kubelet.registry_dir,
+            peer_workdir / f"nodedra-{len(started)}",
+            policy,
+        )
+        node.manager.start()
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.manager.stop()
+
+
+def started_kubelet(kubelet_factory: KubeletFactory, node: str) -> KubeletHarness:
+    kubelet = kubelet_factory(node)
+    kubelet.wait_slice_wipe("")  # the kubelet wipes the node's slices once, at start
+    return kubelet
+
+
+def published(cp: ControlPlane, node: str, driver: str, count: int) -> list[dict[str, Any]]:
+    """The devices of the pool's newest generation, once there are ``count`` of them."""
+
+    def complete() -> list[dict[str, Any]] | None:
+        slices = resource_slices(cp, node, driver)
+        if not slices:
+            return None
+        top = max(s["spec"]["pool"]["generation"] for s in slices)
+        current = [s for s in slices if s["spec"]["pool"]["generation"] == top]
+        if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+            return None
+        found = [d for s in current for d in s["spec"]["devices"]]
+        return found if len(found) == count else None
+
+    return poll(complete, 30, lambda: f"{count} devices of {driver} on {node}")
+
+
+# --- registration ---------------------------------------------------------------------
+
+
+def test_registers_with_v1_and_again_after_a_restart(
+    ready_node: str, kubelet_factory: KubeletFactory, nodedra: NodedraFactory
+) -> None:
+    kubelet = started_kubelet(kubelet_factory, ready_node)
+    node = nodedra(kubelet)
+    plugin = kubelet.wait_registered(TA)
+    assert plugin.chosen_service == "v1.DRAPlugin"
+    assert plugin.versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    assert plugin.endpoint == str(node.manager.plugin.sockets.dra)
+
+    node.manager.stop()
+    kubelet.wait_unregistered(TA)
+    assert not node.manager.plugin.sockets.registration.exists()
+
+    node.manager = node.new()
+    node.manager.start()
+    again = kubelet.wait_registered(TA)
+    assert again.chosen_service == "v1.DRAPlugin"
+
+
+# --- ResourceSlices -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["topology-aware", "static"])
+def test_policy_devices_pass_real_validation_unchanged(
+    control_plane: ControlPlane,
+    ready_node: str,
+    kubelet_factory: KubeletFactory,
+    nodedra: NodedraFactory,
+    policy: str,
+) -> None:
+    kubelet = started_kubelet(kubelet_factory, ready_node)
+    node = nodedra(kubelet, policy)
+    expected = node.manager.policy.devices()
+    stored = published(control_plane, ready_node, node.driver, len(expected))
+    assert stored == expected, "the API server kept every field as nodedra wrote it"
+
+
+def plain_plugin(api: ApiClient, node: str, workdir: Path, driver: str) -> Plugin:
+    """A plugin with fakes of our own Owner and policy: only publishing matters here."""
+    return Plugin(
+        driver,
+        Options(
+            node_name=node,
+            kube_client=KubeClusterAPI(api),
+            owner=FakeOwner(),
+            policy=FakePolicy(),
+            registrar_dir=workdir / "registry",
+            plugin_data_dir=workdir / "plugin",
+            cdi_dir=workdir / "cdi",
+            resync_period=1.0,
+        ),
+    )
+
+
+@pytest.fixture
+def publisher(admin_api: ApiClient, ready_node: str, peer_workdir: Path) -> Iterator[Plugin]:
+    plugin = plain_plugin(admin_api, ready_node, peer_workdir, f"p{uuid.uuid4().hex[:8]}.nri.io")
+    yield plugin
+    plugin.stop()
+
+
+def test_slices_split_at_the_real_limits(
+    control_plane: ControlPlane, admin_api: ApiClient, ready_node: str, publisher: Plugin
+) -> None:
+    driver = publisher.driver_name
+    publisher.publish(devices(300))
+    publisher.start()
+    assert publisher.wait_published(30) is not None
+    slices = resource_slices(control_plane, ready_node, driver)
+    assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+
+    tainted = devices(100)
+    for device in tainted[:10]:
+        device["taints"] = [{"key": "example.com/maintenance", "effect": "NoSchedule"}]
+    publisher.publish(tainted)
+    assert publisher.wait_published(30) is not None
+    assert sorted(
+        len(s["spec"]["devices"]) for s in resource_slices(control_plane, ready_node, driver)
+    ) == [36, 64]
+
+    # The limits are the API server's, not ours: one device more is refused.
+    api = KubeClusterAPI(admin_api)
+    oversized = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "oversized-"},
+        "spec": {
+            "driver": driver,
+            "nodeName": ready_node,
+            "pool": {"name": "oversized", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices(129),
+        },
+    }
+    with pytest.raises(KubeAPIError) as refused:
+        api.create_slice(oversized, dry_run=True)
+    assert refused.value.status == 422
+    oversized["spec"]["devices"] = tainted[:65]
+    with pytest.raises(KubeAPIError):
+        api.create_slice(oversized, dry_run=True)
+
+
+def test_generation_and_restoration(
+    control_plane: ControlPlane, admin_api: ApiClient, ready_node: str, publisher: Plugin
+) -> None:
+    driver = publisher.driver_name
+    publisher.publish(devices(128))
+    publisher.start()
+    report = publisher.wait_published(30)
+    assert report is not None
+    assert report.generation == 1
+    publisher.publish(devices(129))
+    report = publisher.wait_published(30)
+    assert report is not None
+    assert (report.generation, report.created) == (2, 1)
+    slices = resource_slices(control_plane, ready_node, driver)
+    assert {
+        (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
+    } == {(2, 2)}
+
+    # What the kubelet does when it starts, or 30 s after a driver went away.
+    control_plane.request(
+        "DELETE",
+        f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{ready_node}",
+    )
+    assert sorted(d["name"] for d in published(control_plane, ready_node, driver, 129)) == sorted(
+        d["name"] for d in devices(129)
+    )
+
+
+def test_list_attributes_probe_on_a_real_server(admin_api: ApiClient, publisher: Plugin) -> None:
+    assert publisher.list_attributes_supported() is True  # the peers run DRAListTypeAttributes
+
+
+def test_claim_get_errors_are_the_servers(admin_api: ApiClient) -> None:
+    api = KubeClusterAPI(admin_api)
+    with pytest.raises(KubeAPIError) as missing:
+        api.get_claim("default", "no-such-claim")
+    assert missing.value.not_found
+    assert 'resourceclaims.resource.k8s.io "no-such-claim" not found' in str(missing.value)
+    api.delete_slice("no-such-slice", "uid", "1")  # already gone is fine
+
+
+# --- claims end to end ------------------------------------------------------------------
+
+
+def ensure(cp: ControlPlane, path: str, body: dict[str, Any]) -> None:
+    try:
+        cp.request("POST", path, body)
+    except APIError as err:
+        if err.status != 409:
+            raise
+
+
+def device_class(cp: ControlPlane, driver: str) -> str:
+    ensure(
+        cp,
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        },
+    )
+    return driver
+
+
+def create_pod(
+    cp: ControlPlane,
+    namespace: str,
+    node: str,
+    requests: list[dict[str, Any]],
+    name: str = "consumer",
+) -> dict[str, Any]:
+    """A pod with one claim from a template of ``requests``, placed by the scheduler."""
+    cp.request(
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": requests}}},
+        },
+    )
+    cp.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "automountServiceAccountToken": False,
+                "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": name}],
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "registry.invalid/none:0",
+                        "resources": {"claims": [{"name": "cpus"}]},
+                    }
+                ],
+            },
+        },
+    )
+    pod = wait_pod_scheduled(cp, namespace, name)
+    assert pod["spec"]["nodeName"] == node
+    claim_name = pod_claim_name(pod, "cpus")
+    assert claim_name is not None
+    return get_claim(cp, namespace, claim_name)
+
+
+def test_pod_claim_end_to_end(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    ready_node: str,
+    kubelet_factory: KubeletFactory,
+    nodedra: NodedraFactory,
+) -> None:
+    cp = workload_controllers
+    kubelet = started_kubelet(kubelet_factory, ready_node)
+    node = nodedra(kubelet)
+    kubelet.wait_registered(TA)
+    published(cp, ready_node, TA, len(node.manager.policy.devices()))
+    request = {
+        "name": "cpus",
+        "exactly": {
+            "deviceClassName": device_class(cp, TA),
+            "capacity": {"requests": {"cpu": "3", "memory": "256Mi"}},
+        },
+    }
+    claim = create_pod(cp, namespace, ready_node, [request])
+    uid = claim["metadata"]["uid"]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (TA, ready_node)
+    consumed = {k: parse_quantity(v) for k, v in result["consumedCapacity"].items()}
+    assert consumed == {"cpu": 3, "memory": 256 << 20}
+
+    containers = kubelet.prepare(namespace, "consumer")
+    assert containers == {"app": [f"{TA}/device=claim-{uid}-0"]}
+    spec = yaml.safe_load(node.manager.plugin.cdi.spec_path(uid).read_text())
+    assert spec["cdiVersion"] == "0.3.0"
+    assert spec["kind"] == f"{TA}/device"
+    (cdi_device,) = spec["devices"]
+    assert cdi_device["name"] == f"claim-{uid}-0"
+    env = dict(e.split("=", 1) for e in cdi_device["containerEdits"]["env"])
+    suffix = f"{uid.replace('-', '_')}_0"
+    cpus = parse_cpu_list(env[f"DRA_CPUSET_{suffix}"])
+    node_id = int(result["device"].removeprefix("cpudevnuma"))
+    assert len(cpus) == 3
+    assert cpus <= read_topology(SHAPE).nodes[node_id].cpus
+    assert env[f"DRA_MEMORY_{suffix}"] == str(256 << 20)
+    assert env[f"DRA_MEMSET_{suffix}"] == str(node_id)
+    free_while_held = node.manager.policy.free_cpus()  # type: ignore[attr-defined]
+
+    kubelet.unprepare(namespace, "consumer")
+    assert not node.manager.plugin.cdi.has_claim(uid)
+    assert node.manager.policy.claim_uids() == frozenset()
+    assert node.manager.policy.free_cpus() == free_while_held | cpus  # type: ignore[attr-defined]
+
+
+def test_claim_spanning_two_drivers(  # noqa: PLR0917
+    workload_controllers: ControlPlane,
+    namespace: str,
+    ready_node: str,
+    kubelet_factory: KubeletFactory,
+    go_driver_factory: GoDriverFactory,
+    nodedra: NodedraFactory,
+) -> None:
+    cp = workload_controllers
+    kubelet = started_kubelet(kubelet_factory, ready_node)
+    node = nodedra(kubelet, "static")
+    go = go_driver_factory(kubelet)
+    kubelet.wait_registered(STATIC)
+    kubelet.wait_registered(go.driver_name)
+    published(cp, ready_node, STATIC, len(node.manager.policy.devices()))
+    published(cp, ready_node, go.driver_name, 4)
+    claim = create_pod(
+        cp,
+        namespace,
+        ready_node,
+        [
+            {"name": "gpu", "exactly": {"deviceClassName": device_class(cp, go.driver_name)}},
+            {"name": "cpus", "exactly": {"deviceClassName": device_class(cp, STATIC), "count": 2}},
+        ],
+    )
+    uid = claim["metadata"]["uid"]
+    containers = kubelet.prepare(namespace, "consumer")
+    assert sorted(containers["app"]) == sorted(
+        [
+            f"{go.driver_name}/device=claim-{uid}-0",
+            f"{STATIC}/device=claim-{uid}-0",
+            f"{STATIC}/device=claim-{uid}-1",
+        ]
+    )
+    ours = yaml.safe_load(node.manager.plugin.cdi.spec_path(uid).read_text())
+    assert [d["name"] for d in ours["devices"]] == [f"claim-{uid}-0", f"claim-{uid}-1"]
+    assert go.spec_path(uid).exists()
+    kubelet.unprepare(namespace, "consumer")
+    assert not node.manager.plugin.cdi.has_claim(uid)
+    assert not go.spec_path(uid).exists()
+
+
+def test_prepare_twice_and_unprepare_unknown_over_the_socket(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    ready_node: str,
+    kubelet_factory: KubeletFactory,
+    nodedra: NodedraFactory,
+) -> None:
+    """The kubelet repeats prepare after a restart; it unprepares claims we never saw."""
+    cp = workload_controllers
+    kubelet = started_kubelet(kubelet_factory, ready_node)
+    node = nodedra(kubelet, "static")
+    kubelet.wait_registered(STATIC)
+    published(cp, ready_node, STATIC, len(node.manager.policy.devices()))
+    claim = create_pod(
+        cp,
+        namespace,
+        ready_node,
+        [{"name": "cpus", "exactly": {"deviceClassName": device_class(cp, STATIC)}}],
+    )
+    meta = claim["metadata"]
+    ref = dra_v1_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    with grpc.insecure_channel(f"unix:{node.manager.plugin.sockets.dra}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        first = stub.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+        )
+        second = stub.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+        )
+        assert first == second
+        assert first.claims[meta["uid"]].error == ""
+        assert len(first.claims[meta["uid"]].devices) == 1
+        unknown = dra_v1_pb2.Claim(
+            namespace=namespace, name="never-prepared", uid=str(uuid.uuid4())
+        )
+        answer = stub.NodeUnprepareResources(
+            dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[unknown, ref]), timeout=30
+        )
+    assert set(answer.claims) == {unknown.uid, meta["uid"]}
+    assert all(entry.error == "" for entry in answer.claims.values())
+    assert node.manager.policy.claim_uids() == frozenset()
