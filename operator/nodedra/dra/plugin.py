@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from kubernetes import client as k8s
 
+from . import faults
 from .cdi import CDIStore
 from .claims import AllocationResult, ClaimError, ClaimRef, claim_ref, claim_results
 from .endpoint import KUBELET_PLUGINS_DIR, SocketPaths, instance_lock, socket_paths
@@ -433,6 +434,7 @@ class Plugin:
             edits = list(self._policy.allocate_claim(claim, results))
         except Exception as err:
             raise ClaimError(f"claim {ref}: the policy failed to allocate it: {err}") from err
+        faults.crash_point(faults.PREPARE_ALLOCATED)
         try:
             if len(edits) != len(results):
                 raise ClaimError(
@@ -444,7 +446,9 @@ class Plugin:
                 self._owner.claim_allocated()
             except Exception as err:
                 raise ClaimError(f"claim {ref}: committing the allocation failed: {err}") from err
+            faults.crash_point(faults.PREPARE_COMMITTED)
             names = self._cdi.write_spec(spec)
+            faults.crash_point(faults.PREPARE_WRITTEN)
         except Exception:
             self._undo(ref, rollback=not prepared_before)
             raise
@@ -490,11 +494,14 @@ class Plugin:
             self._policy.release_claim(ref.uid)
         except Exception as err:
             raise ClaimError(f"claim {ref}: the policy failed to release it: {err}") from err
+        faults.crash_point(faults.UNPREPARE_RELEASED)
         try:
             self._owner.claim_released()
         except Exception as err:
             raise ClaimError(f"claim {ref}: committing the release failed: {err}") from err
+        faults.crash_point(faults.UNPREPARE_COMMITTED)
         self._cdi.remove_claim(ref.uid)
+        faults.crash_point(faults.UNPREPARE_REMOVED)
 
 
 def _claim_error(ref: ClaimRef, err: Exception) -> ClaimError:
