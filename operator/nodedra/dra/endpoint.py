@@ -123,6 +123,7 @@ def instance_lock(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         whole_file = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)

@@ -51,6 +51,10 @@ class Policy(Protocol):
         """Take back the claims of a checkpoint (``snapshot()``'s form), then publish."""
         ...
 
+    def restore(self, claims: Mapping[str, Any]) -> None:
+        """Replace the claims held with those of a checkpoint (``snapshot()``'s form)."""
+        ...
+
     def allocate_claim(
         self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
     ) -> list[Edits]:
@@ -128,6 +132,16 @@ class ExclusiveCPUPolicy(ABC):
 
     def start(self, host: PolicyHost, claims: Mapping[str, Any]) -> None:
         """Take back the claims of a checkpoint, then publish the devices."""
+        self.restore(claims)
+        self._host = host
+        host.publish_devices(self.devices())
+
+    def restore(self, claims: Mapping[str, Any]) -> None:
+        """Replace the claims held with a checkpoint's; PolicyError leaves them as they were.
+
+        Also how an instance catches up with what another instance of the driver committed
+        during a rolling update.
+        """
         ledger = Ledger.from_json(claims)
         conflict = ledger.holders(self._config.reserved_cpus)
         if conflict:
@@ -140,8 +154,6 @@ class ExclusiveCPUPolicy(ABC):
         if gone:
             log.warning("claims hold CPUs %s which are not online now", format_cpu_list(gone))
         self._ledger = ledger
-        self._host = host
-        host.publish_devices(self.devices())
 
     def allocate_claim(
         self, claim: Mapping[str, Any], results: Sequence[AllocationResult]

@@ -55,6 +55,14 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def identity(self) -> tuple[int, int] | None:
+        """Which file the checkpoint is now (every save writes a new one); None if absent."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return info.st_dev, info.st_ino
+
     def load(self) -> State | None:
         """The state saved last; None when there is no checkpoint (a first start)."""
         try:

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from nodedra.dra import ClusterAPI, Options, Plugin, RequestObserver, driver_name
-from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
+from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, instance_lock
 from nodedra.policy import Policy, PolicyConfig
 
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
@@ -58,6 +58,8 @@ class ResourceManager:
         self.driver = driver_name(policy.name)
         plugin_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / self.driver)
         self.checkpoint = Checkpoint(Path(options.state_dir or plugin_dir) / FILE_NAME)
+        self._saved: tuple[int, int] | None = None
+        """The checkpoint file we wrote last; None until the first start."""
         self.plugin = Plugin(
             self.driver,
             Options(
@@ -82,18 +84,30 @@ class ResourceManager:
     # The lock --------------------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Take the lock every change of policy state holds."""
-        return self._lock.acquire(blocking, timeout)
+        """Take the lock every change of policy state holds.
+
+        During a rolling update another instance of the driver may have committed since we
+        last looked: the policy then takes the checkpoint's claims back before anything
+        reads or changes them, so the two instances never work from different books.
+        """
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        try:
+            self._catch_up()
+        except BaseException:
+            self._lock.release()
+            raise
+        return True
 
     def release(self) -> None:
         """Give the lock back."""
         self._lock.release()
 
     def __enter__(self) -> bool:
-        return self._lock.__enter__()
+        return self.acquire()
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._lock.__exit__(*exc_info)
+        self.release()
 
     # The Owner protocol ----------------------------------------------------------------
 
@@ -125,7 +139,7 @@ class ResourceManager:
         state cannot be used: serving claims on top of state we could not read would give
         CPUs that running containers hold to new claims.
         """
-        with self._lock:
+        with instance_lock(self.plugin.sockets.lock), self._lock:
             state = self.checkpoint.load()
             claims: Mapping[str, Any] = {}
             if state is not None:
@@ -143,9 +157,13 @@ class ResourceManager:
         )
 
     def stop(self) -> None:
-        """Stop serving (outside the lock: requests in flight hold it), then save."""
+        """Stop serving (outside the lock: requests in flight hold it), then save.
+
+        The save takes the locks a kubelet request takes, in the same order, and catches
+        up first: during a rolling update the other instance may have committed since.
+        """
         self.plugin.stop()
-        with self._lock:
+        with instance_lock(self.plugin.sockets.lock), self:
             self._save()
 
     def reconfigure(self, config: PolicyConfig) -> None:
@@ -157,6 +175,21 @@ class ResourceManager:
 
     def _save(self) -> None:
         self.checkpoint.save(State(self._policy.name, self.driver, self._policy.snapshot()))
+        self._saved = self.checkpoint.identity()
+
+    def _catch_up(self) -> None:
+        """Take back the checkpoint if another instance replaced it (rolling updates only)."""
+        if self.plugin.sockets.lock is None or self._saved is None:
+            return
+        current = self.checkpoint.identity()
+        if current == self._saved:
+            return
+        state = self.checkpoint.load()
+        if state is not None:
+            self._check_owner(state)
+            self._policy.restore(state.claims)
+        self._saved = current
+        log.info("took back the claims another instance of %s committed", self.driver)
 
     def _check_owner(self, state: State) -> None:
         if state.policy != self._policy.name and state.claims:

@@ -29,7 +29,7 @@ class Node:
         self.config = parse_config({"policy": policy, **config})
         self.manager = self.new_manager()
 
-    def new_manager(self) -> ResourceManager:
+    def new_manager(self, rolling_update_uid: str | None = None) -> ResourceManager:
         """A manager as a restarted process would build it, on the same directories."""
         return ResourceManager(
             make_policy(topology(SHAPE), self.config),
@@ -40,6 +40,7 @@ class Node:
                 registrar_dir=self.tmp / "registry",
                 plugin_data_dir=self.tmp / "plugin",
                 cdi_dir=self.tmp / "cdi",
+                rolling_update_uid=rolling_update_uid,
             ),
             self.shutdowns.append,
         )
@@ -164,3 +165,30 @@ def test_unwritable_state_fails_the_claim_and_keeps_nothing(node: Node) -> None:
     assert "committing the allocation failed" in str(answer.error)
     assert node.manager.policy.claim_uids() == frozenset()
     assert node.specs() == []
+
+
+def test_rolling_update_instances_share_the_books(tmp_path: Path) -> None:
+    """Two instances during a rolling update commit to one checkpoint; each catches up
+    with the other's commits before acting, so neither gives away what the other granted."""
+    old, new = Node(tmp_path, "static"), Node(tmp_path, "static")
+    new.cluster = old.cluster
+    old.manager = old.new_manager("pod-old")
+    new.manager = new.new_manager("pod-new")
+    old.manager.start()
+    new.manager.start()
+    try:
+        first = old.add_claim("first", results_for(old))  # cpu005
+        assert old.manager.plugin.node_prepare([first])["first"].error is None
+        clash = new.add_claim("clash", results_for(new))  # cpu005 again
+        answer = new.manager.plugin.node_prepare([clash])["clash"]
+        assert "CPU 5 is held by claim first" in str(answer.error)
+        second = new.add_claim("second", [result("req", "cpu006", driver=new.driver, pool=NODE)])
+        assert new.manager.plugin.node_prepare([second])["second"].error is None
+        saved = json.loads(new.manager.checkpoint.path.read_text())["data"]["claims"]
+        assert sorted(saved) == ["first", "second"]
+        old.manager.stop()
+        assert new.manager.plugin.node_unprepare([first]) == {"first": None}
+        assert new.manager.policy.claim_uids() == {"second"}
+    finally:
+        old.manager.stop()
+        new.manager.stop()
