@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 from collections.abc import Sequence
 
 from nodedra import __version__
@@ -30,19 +29,21 @@ def run(args: argparse.Namespace) -> int:
     import nodedra.handlers  # noqa: F401, PLC0415 (registers the handlers with kopf)
     from nodedra.handlers import Shutdown  # noqa: PLC0415
 
-    stop_flag = threading.Event()
-    shutdown = Shutdown(stop_flag)
+    # No stop flag: kopf would wait for it in an executor thread that stays blocked when the
+    # operator stops on SIGTERM, and asyncio.run then waits for that thread forever, so the
+    # process never exited (the kubelet had to kill it). Without a flag, a shutdown that
+    # nodedra asks for itself is a SIGTERM to itself, which kopf handles like the kubelet's.
+    shutdown = Shutdown(None)
     liveness = f"http://{settings.health_address}/healthz" if settings.health_address else None
     try:
         kopf.run(
             standalone=True,
             clusterwide=True,
             liveness_endpoint=liveness,
-            stop_flag=stop_flag,
             memo=kopf.Memo(settings=settings, shutdown=shutdown),
         )
     except Exception as err:  # kopf ends with the error that stopped it
-        print(f"nodedra run: {err}", file=sys.stderr)
+        print(f"nodedra run: {shutdown.reason or err}", file=sys.stderr)
         return 1
     if shutdown.reason is not None:
         print(f"nodedra run: stopped: {shutdown.reason}", file=sys.stderr)

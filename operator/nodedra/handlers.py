@@ -38,6 +38,14 @@ class Shutdown:
         self._stop_flag = stop_flag
         self.reason: str | None = None
 
+    def failed(self, reason: str) -> None:
+        """Record why the operator stops when kopf stops it by itself (a failed start-up).
+
+        kopf's own last word then is "One or more handlers failed.", which says nothing.
+        """
+        if self.reason is None:
+            self.reason = reason
+
     def request(self, reason: str) -> None:
         """Stop kopf: through its stop flag when we own one, else as SIGTERM would."""
         if self.reason is None:
@@ -61,13 +69,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     """Build and start nodedra; a setting that cannot work stops the operator at once."""
     settings.posting.enabled = False  # no Events on objects that are not ours
     settings.peering.standalone = True
+    # Our resources are built in: nothing to learn from CRDs, which nodedra's ServiceAccount
+    # may not list (kopf would otherwise retry that listing with errors for a minute).
+    settings.scanning.disabled = True
+    shutdown: Shutdown = memo.get("shutdown") or Shutdown(None)
     try:
         ours: Settings = memo.get("settings") or load_settings()
-        shutdown = memo.get("shutdown") or Shutdown(None)
         runtime = await asyncio.to_thread(Runtime, ours, shutdown.request)
         await asyncio.to_thread(runtime.start)
     except Exception as err:
         log.error("nodedra cannot start: %s", err)
+        shutdown.failed(f"cannot start: {err}")
         raise kopf.PermanentError(f"nodedra cannot start: {err}") from err
     settings.watching.field_selectors[RESOURCE_GROUP, "resourceslices"] = (
         f"spec.nodeName={ours.node_name},spec.driver={runtime.driver}"

@@ -131,13 +131,21 @@ class Runtime:
         self._stop_metrics: Callable[[], None] | None = None
 
     def start(self) -> None:
-        """Start serving: the manager's start-up order, then status writes and metrics."""
-        self.manager.start()
+        """Start serving: metrics, then the manager's start-up order, then status writes.
+
+        Metrics come first: a port in use must stop nodedra before the manager registers
+        with the kubelet, since a failed start-up runs no clean-up and would leave the
+        kubelet a registration (and sockets) that nobody serves.
+        """
+        if self.settings.metrics_address:
+            self._stop_metrics = self._serve_metrics(self.settings.metrics_address)
+        try:
+            self.manager.start()
+        except BaseException:
+            self._close_metrics()
+            raise
         if self.status is not None:
             self.status.start()
-        if self.settings.metrics_address:
-            host, port = split_address(self.settings.metrics_address)
-            _, self._stop_metrics = self.metrics.serve(host, port)
         log.info(
             "nodedra serving driver %s on node %s (API server %s)",
             self.driver,
@@ -150,6 +158,19 @@ class Runtime:
         self.manager.stop()
         if self.status is not None:
             self.status.stop()
+        self._close_metrics()
+
+    def _serve_metrics(self, address: str) -> Callable[[], None]:
+        host, port = split_address(address)
+        try:
+            _, stop = self.metrics.serve(host, port)
+        except OSError as err:
+            raise SettingsError(
+                f"--metrics-address {address}: cannot serve metrics there: {err.strerror or err}"
+            ) from None
+        return stop
+
+    def _close_metrics(self) -> None:
         if self._stop_metrics is not None:
             self._stop_metrics()
             self._stop_metrics = None

@@ -11,6 +11,9 @@
   (opt-in: only end-to-end tests need them).
 * `admin_api`: an official `kubernetes` client ApiClient as cluster admin.
 * `kubelet_factory`, `go_driver_factory`, `ready_node`, `namespace`: per test.
+* `nodedra_installed`: the control plane with the admin's part of manifests/ applied;
+  `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
+  pod on a test node (tests.peers.nodedra_node), per test.
 
 When a test fails, the log tails of the peers it used are attached to its
 report (sections "peer log: <name>").
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,6 +39,15 @@ from tests.peers.cluster import create_ready_node, delete_node, ensure_test_name
 from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
 from tests.peers.go_driver import GoDriver
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.nodedra_node import (
+    NodeDirs,
+    NodedraProcess,
+    PodIdentity,
+    delete_pod,
+    install_nodedra,
+    pod_identity,
+    write_config,
+)
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
@@ -278,8 +290,113 @@ def pytest_runtest_makereport(
     if report.failed and report.when in ("setup", "call"):
         item.stash[_FAILED] = True
         funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+        seen: set[int] = set()  # several fixtures may be the same control plane
         for value in funcargs.values():
-            if isinstance(value, HasLogs):
+            if isinstance(value, HasLogs) and id(value) not in seen:
+                seen.add(id(value))
                 for name, text in value.log_tails().items():
                     report.sections.append((f"peer log: {name}", text or "(empty)"))
     return report
+
+
+# -- nodedra as its DaemonSet pod would run ---------------------------------------------------
+
+#: A two-socket machine with four NUMA nodes and 56 CPUs: enough CPUs for claims and reserved
+#: CPUs to be told apart.
+NODEDRA_SYSFS = Path(__file__).resolve().parents[1] / "fixtures/sysfs/two-socket-smt2-numa4"
+
+
+@pytest.fixture(scope="session")
+def nodedra_installed(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with what an admin applies from manifests/ before nodedra runs."""
+    install_nodedra(control_plane)
+    return control_plane
+
+
+class NodedraFactory:
+    """Runs `python -m nodedra run` for a test's node, as its DaemonSet pod would, and stops
+    every instance afterwards.
+
+    Each instance gets its own Pod object on the node and a token bound to that pod (so
+    RBAC and the admission policy apply as in a cluster). Instances of one test share the
+    node's plugin, CDI and state directories and the configuration file, as pods of one
+    DaemonSet on one node do.
+    """
+
+    def __init__(self, cp: ControlPlane, workdir: Path) -> None:
+        self._cp = cp
+        self._workdir = workdir
+        self.dirs = NodeDirs.under(workdir / "node")
+        self.config = workdir / "config.yaml"
+        self.started: list[NodedraProcess] = []
+        self.pods: list[str] = []
+
+    def write_config(self, config: Mapping[str, Any] | str) -> Path:
+        return write_config(self.config, config)
+
+    def identity(self, node_name: str) -> PodIdentity:
+        """A pod of nodedra on ``node_name`` and its bound token (deleted after the test)."""
+        identity = pod_identity(self._cp, node_name, self._workdir / "identities")
+        self.pods.append(identity.pod_name)
+        return identity
+
+    def __call__(
+        self,
+        kubelet: KubeletHarness,
+        *,
+        identity: PodIdentity | None = None,
+        pod_uid: str | None = None,
+        env: Mapping[str, str] | None = None,
+        sysfs: Path = NODEDRA_SYSFS,
+        node_name: str | None = "",
+        kubeconfig: Path | None = None,
+        state_dir: Path | None = None,
+        metrics_port: int | None = None,
+    ) -> NodedraProcess:
+        """Start an instance for ``kubelet``'s node (``node_name=None``: pass none)."""
+        if not self.config.exists():
+            self.write_config({"policy": "topology-aware", "reservedCPUs": "0"})
+        if kubeconfig is None:
+            identity = identity or self.identity(kubelet.node_name)
+            kubeconfig = identity.kubeconfig
+        dirs = (
+            self.dirs if state_dir is None else NodeDirs(self.dirs.plugin, self.dirs.cdi, state_dir)
+        )
+        nodedra = NodedraProcess(
+            name=f"nodedra-{len(self.started)}" + (f"-{pod_uid}" if pod_uid else ""),
+            node_name=kubelet.node_name if node_name == "" else node_name,
+            kubeconfig=kubeconfig,
+            registry_dir=kubelet.registry_dir,
+            dirs=dirs,
+            sysfs=sysfs,
+            config=self.config,
+            log_path=self._workdir / f"nodedra-{len(self.started)}.log",
+            pod_uid=pod_uid,
+            env=env,
+            metrics_port=metrics_port,
+        )
+        self.started.append(nodedra)
+        return nodedra.start()
+
+    def stop_all(self) -> None:
+        for nodedra in reversed(self.started):
+            nodedra.stop()
+        for pod in self.pods:
+            delete_pod(self._cp, pod)
+
+    def log_tails(self, lines: int = 60) -> dict[str, str]:
+        tails: dict[str, str] = {}
+        for nodedra in self.started:
+            tails.update(nodedra.log_tails(lines))
+        return tails
+
+
+@pytest.fixture
+def nodedra_factory(
+    nodedra_installed: ControlPlane, peer_workdir: Path
+) -> Iterator[NodedraFactory]:
+    factory = NodedraFactory(nodedra_installed, peer_workdir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()

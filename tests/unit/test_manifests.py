@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from nodedra.dra import driver_name
-from nodedra.policy import PolicyConfig, load_config, parse_config
+from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +38,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
     ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
     ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+    ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
     ("", "nodes"): {"get"},
 }
 
@@ -176,7 +177,10 @@ def test_cluster_role_grants_exactly_what_nodedra_does() -> None:
     role = _only(_main_objects(), "ClusterRole", "nodedra")
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+        if "resourceNames" in rule:  # only the drivers' synthetic status resource is named
+            assert rule["resources"] == ["resourceclaims/driver"], rule
+            assert sorted(rule["resourceNames"]) == sorted(map(driver_name, POLICIES)), rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])

@@ -1,0 +1,590 @@
+"""nodedra on a node of the test cluster, wired the way a cluster admin and a DaemonSet would.
+
+Shared by the integration tests (tests/integration/test_operator.py) and the local demo
+(`python -m tests.peers.local`). Nothing here fakes nodedra's side: it runs as
+`python -m nodedra run`, a process of its own, with the credentials its DaemonSet pod would
+have. What stands in for the rest of a node:
+
+* the admin's part: the objects of manifests/ (Namespace, ServiceAccount, RBAC, the
+  ValidatingAdmissionPolicy, DeviceClasses, ConfigMap) applied with server-side apply;
+* the pod's identity: a Pod object in namespace nodedra bound to the node (spec.nodeName set,
+  it never runs) and a ServiceAccount token bound to that pod through the TokenRequest API,
+  so the token carries the node name and the admission policy and RBAC apply for real;
+* the ConfigMap volume: a configuration file we write (and rewrite, for live reloads);
+* the kubelet: `KubeletHarness`, whose registry directory nodedra registers in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodedra.inventory import inventory
+from nodedra.policy import load_config
+from nodedra.settings import FLAGS
+from nodedra.topology import read_topology
+from tests.peers.cluster import poll, resource_slices
+from tests.peers.controlplane import LOOPBACK, APIError, ControlPlane, free_port, write_kubeconfig
+from tests.peers.kubelet import KubeletHarness, RegisteredPlugin
+from tests.peers.process import PeerProcess, PeerProcessError
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+SAMPLES = MANIFESTS / "samples"
+
+#: What a cluster admin applies before nodedra's DaemonSet can run (the DaemonSet itself is
+#: what this module replaces with a process).
+ADMIN_MANIFESTS = (
+    "namespace.yaml",
+    "serviceaccount.yaml",
+    "rbac.yaml",
+    "admission-policy.yaml",
+    "deviceclasses.yaml",
+    "configmap.yaml",
+)
+NAMESPACE = "nodedra"
+SERVICE_ACCOUNT = "nodedra"
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+FIELD_MANAGER = "nodedra-tests"
+TOPOLOGY_AWARE = "topology-aware.nri.io"
+STATIC = "static.nri.io"
+
+#: Environment variables that configure `nodedra run`; they are not inherited from whoever
+#: runs the tests, so an exported NODEDRA_CONFIG cannot change what a test means.
+SETTINGS_ENV = frozenset(flag.env for flag in FLAGS)
+
+
+# -- manifests ----------------------------------------------------------------------------
+
+
+def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The objects of YAML files, in file order (empty documents skipped)."""
+    objects: list[dict[str, Any]] = []
+    for path in paths:
+        objects += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return objects
+
+
+def manifest_files(directory: Path) -> list[Path]:
+    """The files a kustomization.yaml in ``directory`` lists, in its order."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    return [directory / name for name in kustomization["resources"]]
+
+
+class ResourcePaths:
+    """REST paths of objects, from the API server's own discovery (no table to go stale)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+        self._kinds: dict[str, dict[str, tuple[str, bool]]] = {}
+
+    def _resources(self, api_version: str) -> dict[str, tuple[str, bool]]:
+        if api_version not in self._kinds:
+            prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            listing = self._cp.request("GET", prefix)
+            self._kinds[api_version] = {
+                r["kind"]: (f"{prefix}/{r['name']}", bool(r["namespaced"]))
+                for r in listing["resources"]
+                if "/" not in r["name"]
+            }
+        return self._kinds[api_version]
+
+    def collection(self, obj: Mapping[str, Any]) -> str:
+        """Where objects of ``obj``'s kind (in its namespace) live."""
+        kinds = self._resources(obj["apiVersion"])
+        if obj["kind"] not in kinds:
+            raise ValueError(f"the API server serves no {obj['kind']} in {obj['apiVersion']}")
+        path, namespaced = kinds[obj["kind"]]
+        if not namespaced:
+            return path
+        namespace = obj["metadata"].get("namespace")
+        if not namespace:
+            raise ValueError(f"{obj['kind']} {obj['metadata'].get('name')} names no namespace")
+        group_version, resource = path.rsplit("/", 1)
+        return f"{group_version}/namespaces/{namespace}/{resource}"
+
+    def of(self, obj: Mapping[str, Any]) -> str:
+        """The path of ``obj`` itself."""
+        return f"{self.collection(obj)}/{obj['metadata']['name']}"
+
+
+def apply_objects(
+    cp: ControlPlane, objects: Sequence[Mapping[str, Any]], field_manager: str = FIELD_MANAGER
+) -> list[dict[str, Any]]:
+    """Server-side apply each object as cluster admin (as `kubectl apply --server-side`)."""
+    paths = ResourcePaths(cp)
+    query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
+    return [
+        cp.request(
+            "PATCH", f"{paths.of(obj)}?{query}", obj, content_type="application/apply-patch+yaml"
+        )
+        for obj in objects
+    ]
+
+
+def install_nodedra(cp: ControlPlane) -> list[dict[str, Any]]:
+    """What the admin applies from manifests/ before nodedra runs anywhere."""
+    return apply_objects(cp, load_manifests(MANIFESTS / name for name in ADMIN_MANIFESTS))
+
+
+# -- the pod's identity ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """A nodedra pod that exists only on paper, and the credentials the kubelet would mount."""
+
+    pod_name: str
+    pod_uid: str
+    node_name: str
+    token: str
+    kubeconfig: Path
+
+
+def pod_identity(
+    cp: ControlPlane,
+    node_name: str,
+    directory: Path,
+    *,
+    pod_name: str | None = None,
+    expiration_seconds: int = 3600,
+) -> PodIdentity:
+    """A Pod of nodedra's ServiceAccount bound to ``node_name`` and a token bound to it.
+
+    The token is what the kubelet projects into a DaemonSet pod: its claims name the pod and
+    its node, so the API server adds the node name to the user's extra
+    ``authentication.kubernetes.io/node-name``, which the admission policy checks. The pod
+    is created already bound (spec.nodeName), so no scheduler is involved and no kubelet
+    ever runs it; deleting it revokes the token.
+    """
+    name = pod_name or f"nodedra-{node_name}-{uuid.uuid4().hex[:5]}"
+    pod = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "nodedra"}},
+            "spec": {
+                "nodeName": node_name,
+                "serviceAccountName": SERVICE_ACCOUNT,
+                # The token comes from the TokenRequest below, not from a volume.
+                "automountServiceAccountToken": False,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "nodedra", "image": "nodedra:0.1.0"}],
+            },
+        },
+    )
+    uid = pod["metadata"]["uid"]
+    answer = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": expiration_seconds,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+            },
+        },
+    )
+    token = answer["status"]["token"]
+    directory.mkdir(parents=True, exist_ok=True)
+    kubeconfig = write_kubeconfig(
+        directory / f"{name}.kubeconfig", cp.url, cp.ca.pair.cert, SERVICE_ACCOUNT_USER, token=token
+    )
+    return PodIdentity(name, uid, node_name, token, kubeconfig)
+
+
+def delete_pod(cp: ControlPlane, name: str, namespace: str = NAMESPACE) -> None:
+    """Delete a pod at once (no kubelet will ever confirm a graceful deletion)."""
+    with contextlib.suppress(APIError):
+        cp.request(
+            "DELETE",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+        )
+
+
+def registrations(kubelet: KubeletHarness) -> list[RegisteredPlugin]:
+    """The plugins the kubelet has registered now.
+
+    (KubeletHarness.registered_plugins fails while there are none: the harness answers
+    ``"plugins": null`` for Go's empty slice.)
+    """
+    answer = kubelet.call("plugins")
+    return [RegisteredPlugin.from_json(p) for p in answer.get("plugins") or ()]
+
+
+# -- the nodedra process --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeDirs:
+    """A node's directories that nodedra uses; shared by every instance on that node.
+
+    All are short (Unix socket paths may have at most 107 bytes).
+    """
+
+    plugin: Path
+    cdi: Path
+    state: Path
+
+    @classmethod
+    def under(cls, root: Path) -> NodeDirs:
+        dirs = cls(root / "plugin", root / "cdi", root / "state")
+        for path in (dirs.plugin, dirs.cdi, dirs.state):
+            path.mkdir(parents=True, exist_ok=True)
+        return dirs
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.state / "checkpoint.json"
+
+    def spec_path(self, driver: str, claim_uid: str) -> Path:
+        """Where nodedra writes the CDI spec of a prepared claim."""
+        return self.cdi / f"{driver}-device_{claim_uid}.yaml"
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """GET ``url``: (status, body), also for error statuses."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+class NodedraProcess:
+    """One `python -m nodedra run` for a node, with its log in a file.
+
+    It is started in a session of its own (stopping it reaches nothing else) with flags for
+    everything that matters; ``env`` adds variables (NODEDRA_RESYNC_PERIOD, say).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        node_name: str | None,
+        kubeconfig: Path,
+        registry_dir: Path,
+        dirs: NodeDirs,
+        sysfs: Path,
+        config: Path,
+        log_path: Path,
+        pod_uid: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        metrics_port: int | None = None,
+    ) -> None:
+        self.name = name
+        self.node_name = node_name
+        self.kubeconfig = kubeconfig
+        self.registry_dir = registry_dir
+        self.dirs = dirs
+        self.sysfs = sysfs
+        self.config = config
+        self.log_path = log_path
+        self.pod_uid = pod_uid
+        self.extra_env = dict(env or {})
+        self.extra_args = list(extra_args)
+        self.metrics_port = metrics_port or free_port()
+        self.health_port = free_port()
+        self._process: PeerProcess | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "nodedra", "run"]
+        if self.node_name is not None:
+            argv += ["--node-name", self.node_name]
+        argv += [
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--registry-dir",
+            str(self.registry_dir),
+            "--plugin-dir",
+            str(self.dirs.plugin),
+            "--cdi-dir",
+            str(self.dirs.cdi),
+            "--state-dir",
+            str(self.dirs.state),
+            "--sysfs",
+            str(self.sysfs),
+            "--config",
+            str(self.config),
+            "--metrics-address",
+            f"{LOOPBACK}:{self.metrics_port}",
+            "--health-address",
+            f"{LOOPBACK}:{self.health_port}",
+            "--log-format",
+            "text",
+        ]
+        if self.pod_uid is not None:
+            argv += ["--pod-uid", self.pod_uid]
+        return argv + self.extra_args
+
+    def environ(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def process(self) -> PeerProcess:
+        if self._process is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._process
+
+    def start(self) -> NodedraProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._process = PeerProcess(self.name, self.argv, self.log_path, env=self.environ())
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.popen.poll()
+
+    @property
+    def dra_socket(self) -> Path:
+        suffix = f"-{self.pod_uid}" if self.pod_uid else ""
+        return self.dirs.plugin / f"dra{suffix}.sock"
+
+    def registration_socket(self, driver: str) -> Path:
+        suffix = f"-{self.pod_uid}" if self.pod_uid else ""
+        return self.registry_dir / f"{driver}{suffix}-reg.sock"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tails(self, lines: int = 60) -> dict[str, str]:
+        return {f"{self.name} ({self.log_path})": self.process.tail(lines) if self._process else ""}
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    def healthz(self) -> tuple[int, str]:
+        return http_get(f"http://{LOOPBACK}:{self.health_port}/healthz")
+
+    def metrics(self) -> str:
+        status, body = http_get(f"http://{LOOPBACK}:{self.metrics_port}/metrics")
+        if status != 200:
+            raise AssertionError(f"{self.name}: /metrics answered {status}: {body}")
+        return body
+
+    def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """The value of one sample of the Prometheus text on /metrics; None if absent."""
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted((labels or {}).items()))
+        for line in self.metrics().splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            series, value = line.rsplit(" ", 1)
+            metric, _, rest = series.partition("{")
+            if metric != name:
+                continue
+            got = ",".join(sorted(p for p in rest.rstrip("}").split(",") if p))
+            if got == wanted:
+                return float(value)
+        return None
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def wait_for_log(self, text: str, timeout: float = 30.0) -> str:
+        """Wait until the log has a line containing ``text``; returns that line."""
+
+        def check() -> str | None:
+            for line in self.log_text().splitlines():
+                if text in line:
+                    return line
+            return None
+
+        return poll(check, timeout, lambda: f"{self.name} to log {text!r}:\n{self.process.tail()}")
+
+    def wait_serving(
+        self,
+        cp: ControlPlane,
+        kubelet: KubeletHarness,
+        driver: str,
+        devices: int,
+        timeout: float = 60.0,
+    ) -> RegisteredPlugin:
+        """Wait until the kubelet registered this instance and the slices are published.
+
+        Fails at once, with the log, if the process exits.
+        """
+        plugin: RegisteredPlugin | None = None
+
+        def registered() -> bool:
+            nonlocal plugin
+            found = [
+                p
+                for p in registrations(kubelet)
+                if p.driver == driver and p.endpoint == str(self.dra_socket)
+            ]
+            plugin = found[0] if found else None
+            return plugin is not None
+
+        def published() -> bool:
+            slices = resource_slices(cp, kubelet.node_name, driver)
+            return sum(len(s["spec"].get("devices") or []) for s in slices) == devices
+
+        def healthy() -> bool:
+            return self.healthz()[0] == 200
+
+        self.process.wait_until(registered, timeout, f"registered with the kubelet as {driver}")
+        self.process.wait_until(published, timeout, f"{devices} devices published")
+        self.process.wait_until(healthy, timeout, "/healthz answering 200")
+        assert plugin is not None
+        return plugin
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to end by itself; its exit status."""
+        try:
+            return self.process.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise PeerProcessError(
+                f"{self.name} still runs after {timeout:.0f}s; log {self.log_path}:\n"
+                f"{self.process.tail()}"
+            ) from None
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM (as the kubelet stops a pod) and wait up to ``timeout`` for it to exit.
+
+        What is still there then is stopped as any peer is (SIGTERM to its process group,
+        SIGKILL 5 s later). Returns the exit status (negative: killed by that signal).
+        """
+        proc = self.process
+        if proc.alive():
+            os.kill(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=timeout)
+        proc.stop(grace=5.0)  # SIGKILLs the group if it is still there; closes the log
+        return proc.popen.returncode
+
+    def stop(self) -> None:
+        """Make sure it is gone (for clean-ups); idempotent."""
+        if self._process is not None:
+            self.terminate()
+
+
+def expected_devices(sysfs: Path, config: Path) -> dict[str, list[dict[str, Any]]]:
+    """What each policy publishes for ``sysfs`` under ``config`` (as `nodedra topology`)."""
+    data = inventory(read_topology(sysfs), load_config(config))
+    devices: dict[str, list[dict[str, Any]]] = data["devices"]
+    return devices
+
+
+def write_config(path: Path, config: Mapping[str, Any] | str) -> Path:
+    """Write a configuration file at once whole (as the kubelet swaps a ConfigMap's files)."""
+    text = config if isinstance(config, str) else yaml.safe_dump(dict(config))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+# -- claims and pods --------------------------------------------------------------------------
+
+
+def claim_template(
+    name: str, device_class: str, capacity: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate for one device of ``device_class``, consuming ``capacity``."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class,
+        "allocationMode": "ExactCount",
+        "count": 1,
+    }
+    if capacity:
+        exactly["capacity"] = {"requests": dict(capacity)}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "cpus", "exactly": exactly}]}}},
+    }
+
+
+def claim_pod(name: str, node_name: str, template: str) -> dict[str, Any]:
+    """A pod with one container that uses a claim from ``template``; only ``node_name`` fits."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node_name},
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "demo",
+                    "image": "busybox",
+                    "command": ["sh", "-c", "env | grep ^DRA_; sleep 3600"],
+                    "resources": {"claims": [{"name": "cpus"}]},
+                }
+            ],
+        },
+    }
+
+
+def env_of_spec(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The environment a CDI spec's devices add to a container, as a mapping."""
+    env: dict[str, str] = {}
+    for device in spec.get("devices") or []:
+        for item in (device.get("containerEdits") or {}).get("env") or []:
+            key, _, value = item.partition("=")
+            env[key] = value
+    return env
+
+
+def wait_claim_status(
+    cp: ControlPlane,
+    namespace: str,
+    name: str,
+    driver: str,
+    *,
+    present: bool,
+    timeout: float = 20.0,
+) -> list[dict[str, Any]]:
+    """Wait until the claim's status.devices has entries of ``driver`` (or has none)."""
+    seen: list[dict[str, Any]] = []
+
+    def check() -> list[dict[str, Any]] | None:
+        nonlocal seen
+        claim = cp.request(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+        )
+        seen = [
+            d for d in (claim.get("status") or {}).get("devices") or [] if d["driver"] == driver
+        ]
+        return seen if bool(seen) == present else None
+
+    what = "entries" if present else "no entries"
+    return poll(
+        check,
+        timeout,
+        lambda: f"claim {namespace}/{name} to have {what} of {driver} in status.devices: {seen}",
+    )
