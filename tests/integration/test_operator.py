@@ -30,7 +30,7 @@ import yaml
 
 from nodedra.resmgr.checkpoint import Checkpoint
 from nodedra.topology import parse_cpu_list
-from tests.integration.conftest import KubeletFactory, NodedraFactory
+from tests.conftest import KubeletFactory, NodedraFactory
 from tests.peers.cluster import (
     get_claim,
     pod_claim_name,

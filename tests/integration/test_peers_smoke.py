@@ -33,7 +33,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.conftest import GoDriverFactory, KubeletFactory
+from tests.conftest import GoDriverFactory, KubeletFactory
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import (
     get_claim,

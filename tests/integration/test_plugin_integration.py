@@ -20,7 +20,7 @@ from nodedra.policy import make_policy, parse_config
 from nodedra.policy.quantity import parse_quantity
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.topology import parse_cpu_list, read_topology
-from tests.integration.conftest import GoDriverFactory, KubeletFactory
+from tests.conftest import GoDriverFactory, KubeletFactory
 from tests.peers.cluster import get_claim, pod_claim_name, poll, resource_slices, wait_pod_scheduled
 from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.kubelet import KubeletHarness

@@ -198,6 +198,29 @@ class ControlPlane:
         for name in reversed(list(self.processes)):
             self.processes.pop(name).stop()
 
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone, as in an outage: etcd keeps the cluster's data and
+        `restart_apiserver` brings the API back."""
+        proc = self.processes.pop("kube-apiserver", None)
+        if proc is not None:
+            proc.stop()
+
+    def restart_apiserver(self, timeout: float = 120.0) -> None:
+        """Start kube-apiserver again after `stop_apiserver`, on the port it had, so that
+        clients configured before the outage reach it again; wait until /readyz says ok."""
+        if "kube-apiserver" in self.processes:
+            raise RuntimeError("kube-apiserver is running")
+        port = int(self.url.rsplit(":", 1)[1])
+        proc = PeerProcess(
+            "kube-apiserver", self._apiserver_argv(port), self.workdir / "kube-apiserver.log"
+        )
+        self.processes["kube-apiserver"] = proc
+        try:
+            proc.wait_until(self._apiserver_ready, timeout, "/readyz ok")
+        except BaseException:
+            self.processes.pop("kube-apiserver").stop()
+            raise
+
     def log_tails(self, lines: int = 40) -> dict[str, str]:
         """The last log lines of each component, for failure reports."""
         return {name: proc.tail(lines) for name, proc in self.processes.items()}
@@ -264,8 +287,8 @@ class ControlPlane:
 
         self._spawn("etcd", self._etcd_argv(), healthy, timeout, "etcd /health")
 
-    def _apiserver_argv(self) -> list[str]:
-        port = free_port()
+    def _apiserver_argv(self, port: int | None = None) -> list[str]:
+        port = port or free_port()
         self.url = f"https://{LOOPBACK}:{port}"
         return [
             str(self.binaries.kube_apiserver),

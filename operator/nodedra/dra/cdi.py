@@ -421,11 +421,26 @@ class CDIStore:
         return self.write_spec(self.claim_spec(uid, edits))
 
     def remove_claim(self, uid: str) -> None:
-        """Remove claim ``uid``'s spec; a spec that is not there is already removed."""
+        """Remove claim ``uid``'s spec; a spec that is not there is already removed.
+
+        A UID no spec can be written for has none, whatever file its name would map to:
+        ``a/b`` must not remove the spec of claim ``a_b``.
+        """
+        if not _valid_uid(uid):
+            return
+        path = self.spec_path(uid)
         try:
-            self.spec_path(uid).unlink()
+            path.unlink()
         except FileNotFoundError:
             return
+        except OSError:
+            # A read-only directory refuses to unlink even what is not there (EROFS): the
+            # claim's spec is gone all the same, and a claim never prepared has none.
+            try:
+                path.lstat()
+            except FileNotFoundError:
+                return
+            raise
         _fsync_directory(self._directory)
 
     def has_claim(self, uid: str) -> bool:
@@ -433,8 +448,11 @@ class CDIStore:
 
         The spec is the last thing a successful prepare writes, so a claim with one was
         prepared at least once and its devices may be in use. Errors other than a missing
-        file are raised: "cannot tell" must not pass for "no".
+        file are raised: "cannot tell" must not pass for "no". A UID no spec can be written
+        for has none (``a/b`` does not have the spec of claim ``a_b``).
         """
+        if not _valid_uid(uid):
+            return False
         try:
             self.spec_path(uid).stat()
         except FileNotFoundError:

@@ -77,7 +77,8 @@ def claim_of_cdi_device(qualified_name: str) -> CDIClaimDevice | None:
     """The driver, claim UID and result index a prepared claim's CDI device names.
 
     ``None`` for any other name: unqualified names, another class, a name without the
-    ``claim-`` prefix, an empty UID or a missing or non-numeric index.
+    ``claim-`` prefix, an empty UID or a missing or non-numeric index, or an index written
+    otherwise than :func:`qualified_cdi_device` writes it (``007``).
     """
     match = _QUALIFIED.fullmatch(qualified_name)
     if match is None:
@@ -88,7 +89,13 @@ def claim_of_cdi_device(qualified_name: str) -> CDIClaimDevice | None:
     uid, sep, index = device[len(CDI_CLAIM_PREFIX) :].rpartition("-")
     if not sep or not uid or not index.isascii() or not index.isdigit():
         return None
-    return CDIClaimDevice(vendor, uid, int(index))
+    if index.startswith("0") and index != "0":  # "007": not how an index is written
+        return None
+    try:
+        number = int(index)
+    except ValueError:  # more digits than Python converts: no index of ours
+        return None
+    return CDIClaimDevice(vendor, uid, number)
 
 
 def container_claims(container: HasCDIDevices, driver: str) -> dict[str, list[int]]:

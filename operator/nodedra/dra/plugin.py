@@ -21,7 +21,16 @@ from kubernetes import client as k8s
 
 from . import faults
 from .cdi import CDIStore
-from .claims import AllocationResult, ClaimError, ClaimRef, claim_ref, claim_results
+from .claims import (
+    AllocationResult,
+    ClaimError,
+    ClaimRef,
+    claim_configs,
+    claim_ref,
+    claim_results,
+    is_valid_namespace,
+    is_valid_object_name,
+)
 from .endpoint import KUBELET_PLUGINS_DIR, SocketPaths, instance_lock, socket_paths
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
@@ -329,9 +338,12 @@ class Plugin:
 
     def _node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         self._check_allowed()
-        answers: dict[str, PrepareResult] = {}
+        refs = list(dict.fromkeys(claims))  # a claim named twice is one claim
+        answers = {uid: PrepareResult(error=err) for uid, err in _conflicts(refs).items()}
         fetched: list[Mapping[str, Any]] = []
-        for ref in claims:  # outside the lock: API calls must not hold up other requests
+        for ref in refs:  # outside the lock: API calls must not hold up other requests
+            if ref.uid in answers:
+                continue
             try:
                 fetched.append(self._fetch(ref))
             except ClaimError as err:
@@ -339,7 +351,10 @@ class Plugin:
                 answers[ref.uid] = PrepareResult(error=err)
         with instance_lock(self._paths.lock):
             prepared = self.prepare_resource_claims(fetched) if fetched else {}
-        return {ref.uid: answers.get(ref.uid) or prepared[ref.uid] for ref in claims}
+        for ref in refs:
+            if ref.uid not in answers:  # fetched, so checked to be the claim of that UID
+                answers[ref.uid] = prepared[ref.uid]
+        return answers
 
     def _observe(
         self,
@@ -389,6 +404,10 @@ class Plugin:
         with self._owner:
             for ref in claims:
                 try:
+                    if not ref.uid:
+                        raise ClaimError(
+                            f"claim {ref.namespace}/{ref.name}: the request has no claim UID"
+                        )
                     self._release_claim(ref)
                     answers[ref.uid] = None
                 except Exception as err:
@@ -405,15 +424,28 @@ class Plugin:
             )
 
     def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
+        """The claim ``ref`` names, from the API server, checked to be that claim."""
         if not ref.uid:
             raise ClaimError(f"claim {ref.namespace}/{ref.name}: the request has no claim UID")
+        # The names go into the request's URL: refuse what no claim can be called.
+        if not is_valid_namespace(ref.namespace):
+            raise ClaimError(f"claim {ref}: the request names no valid namespace")
+        if not is_valid_object_name(ref.name):
+            raise ClaimError(f"claim {ref}: the request names no valid claim name")
         try:
             claim = self._api.get_claim(ref.namespace, ref.name)
-        except KubeAPIError as err:
+        except Exception as err:  # KubeAPIError or not: this claim's failure, not the request's
             raise ClaimError(f"claim {ref}: cannot get it from the API server: {err}") from err
-        uid = str((claim.get("metadata") or {}).get("uid") or "")
-        if uid != ref.uid:
-            raise ClaimError(f"claim {ref} was replaced: the API server has UID {uid!r}")
+        if not isinstance(claim, Mapping):
+            raise ClaimError(f"claim {ref}: the API server's answer is not an object")
+        try:
+            found = claim_ref(claim)
+        except ClaimError as err:
+            raise ClaimError(f"claim {ref}: the API server's copy is malformed: {err}") from None
+        if found.uid != ref.uid:
+            raise ClaimError(f"claim {ref} was replaced: the API server has UID {found.uid!r}")
+        if (found.namespace, found.name) != (ref.namespace, ref.name):
+            raise ClaimError(f"claim {ref}: the API server answered with claim {found}")
         status = claim.get("status")
         if not isinstance(status, Mapping) or status.get("allocation") is None:
             raise ClaimError(f"claim {ref} is not allocated")
@@ -429,7 +461,14 @@ class Plugin:
                 extra={"claim": ref},
             )
             return ()
-        prepared_before = self._cdi.has_claim(ref.uid)
+        claim_configs(claim, self._driver)  # our policies take no parameters, but check them
+        try:
+            prepared_before = self._cdi.has_claim(ref.uid)
+        except OSError as err:
+            raise ClaimError(
+                f"claim {ref}: cannot tell whether it has a CDI spec in {self._cdi.directory} "
+                f"(whether it was prepared before): {err}"
+            ) from err
         try:
             edits = list(self._policy.allocate_claim(claim, results))
         except Exception as err:
@@ -447,7 +486,12 @@ class Plugin:
             except Exception as err:
                 raise ClaimError(f"claim {ref}: committing the allocation failed: {err}") from err
             faults.crash_point(faults.PREPARE_COMMITTED)
-            names = self._cdi.write_spec(spec)
+            try:
+                names = self._cdi.write_spec(spec)
+            except OSError as err:
+                raise ClaimError(
+                    f"claim {ref}: writing its CDI spec to {self._cdi.directory} failed: {err}"
+                ) from err
             faults.crash_point(faults.PREPARE_WRITTEN)
         except Exception:
             self._undo(ref, rollback=not prepared_before)
@@ -500,8 +544,33 @@ class Plugin:
         except Exception as err:
             raise ClaimError(f"claim {ref}: committing the release failed: {err}") from err
         faults.crash_point(faults.UNPREPARE_COMMITTED)
-        self._cdi.remove_claim(ref.uid)
+        try:
+            self._cdi.remove_claim(ref.uid)
+        except OSError as err:
+            raise ClaimError(
+                f"claim {ref}: released, but removing its CDI spec from {self._cdi.directory} "
+                f"failed: {err}"
+            ) from err
         faults.crash_point(faults.UNPREPARE_REMOVED)
+
+
+def _conflicts(refs: Sequence[ClaimRef]) -> dict[str, ClaimError]:
+    """An error for each UID that the request gives to more than one claim.
+
+    The kubelet answers per UID, so two claims with one UID cannot both be answered: and
+    which of them the UID really names only the API server could say. Neither is prepared.
+    """
+    named: dict[str, list[ClaimRef]] = {}
+    for ref in refs:
+        named.setdefault(ref.uid, []).append(ref)
+    return {
+        uid: ClaimError(
+            f"claim {same[0]}: the request gives UID {uid!r} to {len(same)} different claims "
+            f"({', '.join(f'{r.namespace}/{r.name}' for r in same)}); none of them is prepared"
+        )
+        for uid, same in named.items()
+        if len(same) > 1
+    }
 
 
 def _claim_error(ref: ClaimRef, err: Exception) -> ClaimError:

@@ -5,12 +5,13 @@ after the driver goes away; people and controllers delete or edit slices too. So
 is not a single write: a thread re-applies the desired devices whenever they change, when
 someone calls :meth:`SlicePublisher.resync` (the operator does on every watch event of our
 slices), and every ``resync_period`` seconds in any case. A failed pass is retried with
-exponential backoff and reported as recoverable.
+exponential backoff, cut short by new devices or a resync, and reported as recoverable.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -104,7 +105,10 @@ class SlicePublisher:
             except Exception as err:  # every failure of a pass is retried
                 self._on_error(RecoverableError(err), "publishing ResourceSlices failed")
                 with self._cond:
-                    if self._cond.wait_for(lambda: self._stopping, backoff):
+                    # New devices or a resync (a watch event: the server is back) end the
+                    # wait early; the backoff keeps growing until a pass succeeds.
+                    self._cond.wait_for(functools.partial(self._retry_now, version), backoff)
+                    if self._stop_requested():
                         return
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
@@ -113,3 +117,11 @@ class SlicePublisher:
                 self._synced_version = version
                 self._last_report = report
                 self._cond.notify_all()
+
+    def _retry_now(self, failed_version: int) -> bool:
+        """Whether a failed pass should be retried before its backoff is over."""
+        return self._stopping or self._version != failed_version
+
+    def _stop_requested(self) -> bool:
+        """Whether stop() was called (a method: the flag changes while we wait)."""
+        return self._stopping

@@ -71,8 +71,8 @@ def _prepare(
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     with_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
     response = pb.NodePrepareResourcesResponse()
-    for ref in refs:
-        result, entry = results[ref.uid], response.claims[ref.uid]
+    for uid in dict.fromkeys(ref.uid for ref in refs):  # one entry per UID, named once or not
+        result, entry = results[uid], response.claims[uid]
         if result.error is not None:
             entry.error = str(result.error) or type(result.error).__name__
             continue
@@ -98,9 +98,9 @@ def _unprepare(
     except NotServingClaimsError as err:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
     response = pb.NodeUnprepareResourcesResponse()
-    for ref in refs:
-        entry = response.claims[ref.uid]  # reading the map creates the (empty) entry
-        error = errors[ref.uid]
+    for uid in dict.fromkeys(ref.uid for ref in refs):
+        entry = response.claims[uid]  # reading the map creates the (empty) entry
+        error = errors[uid]
         if error is not None:
             entry.error = str(error) or type(error).__name__
     return response

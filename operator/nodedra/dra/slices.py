@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from .kube import JSON, ClusterAPI
@@ -102,7 +104,7 @@ class SliceApplier:
             report.deleted += 1
         count = len(chunks)
         for current, chunk in plan.matched:
-            spec = self._spec(chunk, plan.generation, count)
+            spec = _keep_taint_times(current, self._spec(chunk, plan.generation, count))
             if not self._in_sync(current, spec):
                 self._remember(self._api.update_slice({**current, "spec": spec}), spec)
                 report.updated += 1
@@ -140,7 +142,8 @@ class SliceApplier:
             plan.matched, plan.to_create, unmatched = [(current[0], chunks[0])], [], []
         plan.to_delete = [s for s in existing if s not in current] + unmatched
         changes = sum(
-            not self._in_sync(s, self._spec(c, generation, len(chunks))) for s, c in plan.matched
+            not self._in_sync(s, _keep_taint_times(s, self._spec(c, generation, len(chunks))))
+            for s, c in plan.matched
         )
         if not current or plan.to_create or unmatched or changes > 1:
             plan.generation = generation + 1
@@ -183,12 +186,115 @@ class SliceApplier:
         meta = current["metadata"]
         if self._written.get(meta["name"]) == (meta.get("resourceVersion"), spec):
             return True
-        have = current.get("spec") or {}
-        return all(have.get(key) == value for key, value in spec.items())
+        # Not what we last wrote (another process wrote it, or someone changed it): compare
+        # as the server does. It stores what we write normalized, so the plain JSON of an
+        # untouched slice differs from ours, and a restarted plugin rewrote every slice.
+        return bool(_canonical(current.get("spec") or {}) == _canonical(spec))
 
     def _remember(self, stored: JSON, spec: JSON) -> None:
         meta = stored["metadata"]
         self._written[meta["name"]] = (meta.get("resourceVersion"), spec)
+
+
+def _canonical(value: Any, path: tuple[str, ...] = ()) -> Any:
+    """A ResourceSlice spec as the API server compares it; ``path``: where ``value`` is in it.
+
+    The server writes back what it stores in its own form: it leaves out empty lists, maps
+    and strings (``devices: []`` of the empty slice, a device's ``attributes: {}``) and
+    writes quantities in canonical form ("1024Mi" comes back as "1Gi", "2000" as "2k",
+    "1.5" as "1500m"). So empty values are dropped and quantities become exact numbers.
+    """
+    if isinstance(value, Mapping):
+        canonical = {str(k): _canonical(v, (*path, str(k))) for k, v in value.items()}
+        return {k: v for k, v in canonical.items() if not _is_empty(v)}
+    if isinstance(value, list):
+        return [_canonical(v, (*path, "[]")) for v in value]
+    if _is_quantity_field(path):
+        return _quantity_value(value)
+    return value
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, str | list | dict) and not value)
+
+
+def _is_quantity_field(path: tuple[str, ...]) -> bool:
+    """Whether ``path`` names a quantity of a ResourceSlice spec."""
+    # devices[].capacity.<name>.value, and the quantities of its requestPolicy (default,
+    # validValues[], validRange.min/max/step): every leaf of a capacity is one.
+    if path[:3] == ("devices", "[]", "capacity") and len(path) > 4:
+        return True
+    # devices[].consumesCounters[].counters.<name>.value, sharedCounters[].counters...
+    return len(path) >= 3 and path[-3] == "counters" and path[-1] == "value"
+
+
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,3}))?"
+)
+_QUANTITY_SUFFIXES = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+
+
+def _quantity_value(value: Any) -> Any:
+    """The exact value of a quantity ("1Gi", "1073741824"), or ``value`` if it is none.
+
+    nodedra.policy.quantity parses the same grammar, but the policies build on this
+    package, not the other way round.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Fraction(value)
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return value
+    number = Fraction(match["number"])
+    if match["exp"] is not None:
+        return number * Fraction(10) ** int(match["exp"])
+    return number * _QUANTITY_SUFFIXES[match["suffix"] or ""]
+
+
+def _keep_taint_times(current: JSON, spec: JSON) -> JSON:
+    """``spec`` with the ``timeAdded`` the server gave ``current``'s taints, where ours has none.
+
+    The server sets a taint's ``timeAdded`` to the time of the write when it is missing,
+    so writing a taint without it again would restart the clock of every NoExecute
+    toleration, and would make an untouched slice look changed. (The Go resourceslice
+    controller keeps them the same way.)
+    """
+    old_devices = {d.get("name"): d for d in _devices(current)}
+    devices: list[Device] = []
+    for device in spec["devices"]:
+        old_taints = old_devices.get(device.get("name"), {}).get("taints") or []
+        taints = [
+            _with_time(taint, old_taints) if "timeAdded" not in taint else taint
+            for taint in device.get("taints") or []
+        ]
+        devices.append({**device, "taints": taints} if taints else device)
+    return {**spec, "devices": devices}
+
+
+def _with_time(taint: Mapping[str, Any], old_taints: Sequence[Mapping[str, Any]]) -> JSON:
+    keys = ("key", "value", "effect")
+    for old in old_taints:
+        if old.get("timeAdded") and all(old.get(k) == taint.get(k) for k in keys):
+            return {**taint, "timeAdded": old["timeAdded"]}
+    return dict(taint)
 
 
 def _pool(resource_slice: JSON) -> JSON:

@@ -27,9 +27,14 @@ _SUFFIXES = {
     "Pi": Fraction(2**50),
     "Ei": Fraction(2**60),
 }
+# ASCII digits only ([0-9], not \d, which takes any Unicode digit), as the API's grammar says.
 _QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?\d+))?"
+    r"(?P<number>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
 )
+MAX_EXPONENT = 64
+"""The largest decimal exponent taken: far beyond any count of CPUs or bytes, and small
+enough that computing ``10**exponent`` exactly cannot take the process down ("1e999999999")."""
 
 
 def parse_quantity(text: str | int) -> Fraction:
@@ -43,7 +48,10 @@ def parse_quantity(text: str | int) -> Fraction:
         raise ValueError(f"not a quantity: {text!r}")
     value = Fraction(match["number"])
     if match["exp"] is not None:
-        return value * Fraction(10) ** int(match["exp"])
+        exponent = int(match["exp"]) if len(match["exp"]) <= 8 else MAX_EXPONENT + 1
+        if abs(exponent) > MAX_EXPONENT:
+            raise ValueError(f"not a quantity: {text!r} (exponent beyond ±{MAX_EXPONENT})")
+        return value * Fraction(10) ** exponent
     return value * _SUFFIXES[match["suffix"] or ""]
 
 

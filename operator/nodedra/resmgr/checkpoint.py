@@ -71,6 +71,8 @@ class Checkpoint:
             return None
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
+        except UnicodeDecodeError as err:  # we write JSON, so UTF-8: it was damaged since
+            raise self._corrupt(f"not text ({err})") from None
         try:
             document = json.loads(text)
             kind, version = document["kind"], document["version"]

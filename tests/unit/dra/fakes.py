@@ -189,7 +189,7 @@ class FakeCluster:
         self._maybe_fail()
         stored = self.claims[(claim.namespace, claim.name)]
         if stored["metadata"]["uid"] != claim.uid:
-            raise KubeAPIError(409, "Precondition failed: UID in precondition")
+            raise KubeAPIError(422, "metadata.uid: field is immutable")
         owned = self.status_owners.setdefault((claim.namespace, claim.name), {})
         owned[field_manager] = copy.deepcopy(devices)
         stored["status"]["devices"] = [d for entries in owned.values() for d in entries]

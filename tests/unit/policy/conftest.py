@@ -13,7 +13,7 @@ from nodedra.topology import read_topology
 from nodedra.topology.model import Topology
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
-SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) if FIXTURES.is_dir() else []
+SHAPES = sorted(p.name for p in FIXTURES.iterdir() if (p / "devices").is_dir())
 
 
 def topology(shape: str) -> Topology:

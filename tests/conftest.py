@@ -303,7 +303,7 @@ def pytest_runtest_makereport(
 
 #: A two-socket machine with four NUMA nodes and 56 CPUs: enough CPUs for claims and reserved
 #: CPUs to be told apart.
-NODEDRA_SYSFS = Path(__file__).resolve().parents[1] / "fixtures/sysfs/two-socket-smt2-numa4"
+NODEDRA_SYSFS = Path(__file__).resolve().parent / "fixtures/sysfs/two-socket-smt2-numa4"
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,345 @@
+"""One node's nodedra for the reliability tests, and the books it must always keep straight.
+
+`LocalNode` is nodedra as a process builds it: the real ResourceManager, plugin and policy on
+the two-socket fixture machine, with its state, CDI, plugin and registry directories under
+one root (short, so that the sockets fit in a Unix socket path). The API server is a fake of
+our own ClusterAPI protocol; the tests of faults that need a real one use the peers.
+
+`state_of` turns a running node into plain JSON (what `crashy_node` prints, too) and
+`check_state` asserts the invariants every cut of that state must satisfy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import grpc
+import yaml
+
+from grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from nodedra.dra import ClaimRef, ClusterAPI, PrepareResult, RequestObserver
+from nodedra.dra import driver_name as policy_driver
+from nodedra.policy import ExclusiveCPUPolicy, make_policy, parse_config
+from nodedra.policy.ledger import env_suffix
+from nodedra.resmgr import ManagerOptions, ResourceManager
+from nodedra.topology import parse_cpu_list, read_topology
+from nodedra.topology.cpulist import format_cpu_list
+from nodedra.topology.model import Topology
+from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSFS = ROOT / "tests" / "fixtures" / "sysfs" / "two-socket-smt2-numa4"
+POLICIES = ("topology-aware", "static")
+RESERVED = "0-1"
+"""The reservedCPUs of every node here: the books must never hand them out."""
+
+
+@functools.cache
+def fixture_topology() -> Topology:
+    """The two-socket, SMT-2, four-NUMA-node machine of tests/fixtures/sysfs."""
+    return read_topology(SYSFS)
+
+
+def short_dir(prefix: str) -> Path:
+    """A fresh directory with a short path (sockets in it must fit in 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+class FileClaims(FakeCluster):
+    """The in-memory ClusterAPI fake, serving the claims a test wrote to a JSON file.
+
+    The file is read on every GET, so a test can hand claims to a nodedra in another
+    process; claims put in ``self.claims`` are served as well.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.path.exists():
+            for claim in json.loads(self.path.read_text()):
+                meta = claim.get("metadata") or {}
+                if (meta.get("namespace"), meta.get("name")) == (namespace, name):
+                    return cast(dict[str, Any], claim)
+        return super().get_claim(namespace, name)
+
+
+class LocalNode:
+    """nodedra for a node (``NODE`` by default): real manager, plugin and policy under ``root``."""
+
+    def __init__(
+        self,
+        root: Path,
+        policy: str,
+        *,
+        cluster: ClusterAPI | None = None,
+        reserved: str = RESERVED,
+        observer: RequestObserver | None = None,
+        resync_period: float = 30.0,
+        node_name: str = NODE,
+        registrar_dir: Path | None = None,
+    ) -> None:
+        self.root = root
+        self.node_name = node_name
+        self.registrar_dir = registrar_dir or root / "registry"
+        self.policy_name = policy
+        self.cluster: ClusterAPI = cluster if cluster is not None else FakeCluster()
+        self.config = parse_config({"policy": policy, "reservedCPUs": reserved})
+        self.observer = observer
+        self.resync_period = resync_period
+        self.shutdowns: list[str] = []
+        self.manager = self.new_manager()
+
+    def new_manager(self) -> ResourceManager:
+        """A manager as a (re)started process builds it, on the same directories."""
+        return ResourceManager(
+            make_policy(fixture_topology(), self.config),
+            self.cluster,
+            ManagerOptions(
+                node_name=self.node_name,
+                state_dir=self.root / "state",
+                registrar_dir=self.registrar_dir,
+                plugin_data_dir=self.root / "plugin",
+                cdi_dir=self.root / "cdi",
+                resync_period=self.resync_period,
+                observer=self.observer,
+            ),
+            self.shutdowns.append,
+        )
+
+    @property
+    def driver(self) -> str:
+        return policy_driver(self.policy_name)
+
+    @property
+    def policy(self) -> ExclusiveCPUPolicy:
+        return cast(ExclusiveCPUPolicy, self.manager.policy)
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    def serve(self, claim: Mapping[str, Any]) -> ClaimRef:
+        """Let the API server fake serve ``claim``; the kubelet's reference to it."""
+        meta = claim["metadata"]
+        assert isinstance(self.cluster, FakeCluster)
+        self.cluster.claims[(meta["namespace"], meta["name"])] = dict(claim)
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+    def prepare(self, *refs: ClaimRef) -> dict[str, PrepareResult]:
+        return self.manager.plugin.node_prepare(list(refs))
+
+    def unprepare(self, *refs: ClaimRef) -> dict[str, Exception | None]:
+        return self.manager.plugin.node_unprepare(list(refs))
+
+    def spec_files(self) -> dict[str, bytes]:
+        """Every file in the CDI directory (ours or not, temporary or not), by name."""
+        if not self.cdi_dir.is_dir():
+            return {}
+        return {p.name: p.read_bytes() for p in sorted(self.cdi_dir.iterdir())}
+
+    def checkpoint_bytes(self) -> bytes | None:
+        path = self.manager.checkpoint.path
+        return path.read_bytes() if path.exists() else None
+
+    def state(self) -> dict[str, Any]:
+        return state_of(self.manager)
+
+
+# --- claims -------------------------------------------------------------------------------
+
+
+def ta_result(numa: int, cpus: int | str | None, memory: str | None = None, **extra: Any) -> dict:
+    """A result of the topology-aware driver on NUMA node ``numa``'s device."""
+    consumed: dict[str, Any] = {}
+    if cpus is not None:
+        consumed["cpu"] = cpus
+    if memory is not None:
+        consumed["memory"] = memory
+    if consumed:
+        extra.setdefault("consumedCapacity", consumed)
+    return result(
+        extra.pop("request", "cpus"),
+        f"cpudevnuma{numa:03d}",
+        driver=policy_driver("topology-aware"),
+        pool=NODE,
+        **extra,
+    )
+
+
+def static_result(cpu: int, **extra: Any) -> dict:
+    """A result of the static driver on CPU ``cpu``'s device."""
+    return result(
+        extra.pop("request", "cpus"),
+        f"cpu{cpu:03d}",
+        driver=policy_driver("static"),
+        pool=NODE,
+        **extra,
+    )
+
+
+OTHER_DRIVER_RESULT = result("gpu", "gpu-0", driver="gpu.example.com", pool="gpus")
+"""A result of somebody else's driver: a claim may span drivers."""
+
+
+def sample_claim(policy: str, uid: str) -> dict[str, Any]:
+    """Claims "a", "b", "c" of the crash tests: a few results each, on distinct devices."""
+    if policy == "topology-aware":
+        results = {
+            "a": [
+                ta_result(0, "3", "64Mi", request="main"),
+                OTHER_DRIVER_RESULT,
+                ta_result(1, 2, request="side/one"),
+            ],
+            "b": [ta_result(0, "4", "1Gi")],
+            "c": [ta_result(2, "5"), ta_result(3, "1", "2Mi", request="more")],
+        }[uid]
+    else:
+        results = {
+            "a": [
+                static_result(4, request="main"),
+                OTHER_DRIVER_RESULT,
+                static_result(33, request="side/one"),
+            ],
+            "b": [static_result(10)],
+            "c": [static_result(20), static_result(48, request="more")],
+        }[uid]
+    return make_claim(uid, results)
+
+
+def ref_of(claim: Mapping[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+
+# --- answers and state as JSON ------------------------------------------------------------
+
+
+def encode_answer(answer: PrepareResult) -> dict[str, Any]:
+    """A prepare answer as JSON: the error text, or what the kubelet is told per device."""
+    return {
+        "error": None if answer.error is None else str(answer.error),
+        "devices": [
+            {
+                "requests": list(d.requests),
+                "pool": d.pool_name,
+                "device": d.device_name,
+                "cdi": list(d.cdi_device_ids),
+                "share": d.share_id,
+            }
+            for d in answer.devices
+        ],
+    }
+
+
+def spec_cpusets(path: Path) -> list[str]:
+    """The cpu list each device of a claim's CDI spec hands its containers, in order."""
+    spec = yaml.safe_load(path.read_text())
+    uid = path.name.split("-device_", 1)[1].removesuffix(".yaml")
+    found = []
+    for index, device in enumerate(spec["devices"]):
+        assert device["name"] == f"claim-{uid}-{index}"
+        env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+        found.append(env[f"DRA_CPUSET_{env_suffix(uid, index)}"])
+    return found
+
+
+def state_of(manager: ResourceManager) -> dict[str, Any]:
+    """One consistent cut of a node's books, as JSON, taken under the owner's lock."""
+    policy = cast(ExclusiveCPUPolicy, manager.policy)
+    with manager:
+        saved = manager.checkpoint.load()
+        cdi = manager.plugin.cdi
+        return {
+            "policy": policy.name,
+            "claims": policy.snapshot(),
+            "checkpoint": None
+            if saved is None
+            else {"policy": saved.policy, "driver": saved.driver, "claims": dict(saved.claims)},
+            "driver": manager.driver,
+            "grantable": format_cpu_list(policy.grantable),
+            "free": format_cpu_list(policy.free_cpus()),
+            "reserved": format_cpu_list(policy.config.reserved_cpus),
+            "specs": {uid: spec_cpusets(cdi.spec_path(uid)) for uid in cdi.claim_uids()},
+            "stray_files": sorted(
+                p.name
+                for p in (cdi.directory.iterdir() if cdi.directory.is_dir() else ())
+                if p.name.startswith(".") or p.suffix == ".tmp"
+            ),
+        }
+
+
+def held_cpus(claims: Mapping[str, Any]) -> dict[str, list[frozenset[int]]]:
+    """The CPUs of each grant of each claim in a snapshot."""
+    return {
+        uid: [parse_cpu_list(g["cpus"]) for g in record["grants"]] for uid, record in claims.items()
+    }
+
+
+def check_state(state: Mapping[str, Any], *, every_claim_has_a_spec: bool = True) -> None:
+    """The invariants of every cut of a node's books.
+
+    The checkpoint is what the policy holds; no CPU is in two claims; no CPU is lost (every
+    grantable CPU is free or held, never both) and none reserved is held; every CDI spec on
+    disk is that of a claim held and tells its containers the CPUs the claim holds; nothing
+    half-written is left in the CDI directory. And unless ``every_claim_has_a_spec`` is
+    false, every claim held has its spec: only a crash between the commit and the spec's
+    write (or a reboot, which empties the CDI directory) leaves a claim without one, for
+    the kubelet's retry to write.
+    """
+    claims = state["claims"]
+    assert state["checkpoint"] == {
+        "policy": state["policy"],
+        "driver": state["driver"],
+        "claims": claims,
+    }, "the checkpoint is not what the policy holds"
+    owner: dict[int, str] = {}
+    for uid, grants in held_cpus(claims).items():
+        for cpus in grants:
+            assert cpus, f"claim {uid} has a grant without CPUs"
+            for cpu in cpus:
+                assert cpu not in owner, f"CPU {cpu} is held by claims {owner[cpu]} and {uid}"
+                owner[cpu] = uid
+    held = frozenset(owner)
+    free = parse_cpu_list(state["free"])
+    grantable = parse_cpu_list(state["grantable"])
+    assert not held & free, f"CPUs {format_cpu_list(held & free)} are both held and free"
+    assert held | free == grantable, (
+        f"CPUs lost: {format_cpu_list(grantable - held - free)}; "
+        f"not grantable: {format_cpu_list((held | free) - grantable)}"
+    )
+    reserved = parse_cpu_list(state["reserved"])
+    assert not held & reserved, f"reserved CPUs {format_cpu_list(held & reserved)} are held"
+    assert set(state["specs"]) <= set(claims), "CDI specs of claims nobody holds are left"
+    if every_claim_has_a_spec:
+        assert set(state["specs"]) == set(claims), "claims held have no CDI spec"
+    for uid, cpusets in state["specs"].items():
+        assert cpusets == [format_cpu_list(c) for c in held_cpus(claims)[uid]], uid
+    assert state["stray_files"] == [], "half-written files are left in the CDI directory"
+
+
+# --- the plugin's gRPC socket ---------------------------------------------------------------
+
+DRA_VERSIONS = {
+    "v1": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+
+@contextlib.contextmanager
+def dra_client(socket: Path, version: str = "v1") -> Iterator[tuple[Any, Any]]:
+    """The messages module of ``version`` and a stub on the plugin's DRA socket."""
+    pb, pb_grpc = DRA_VERSIONS[version]
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        yield pb, pb_grpc.DRAPluginStub(channel)
+
+
+def grpc_claims(pb: Any, refs: Sequence[ClaimRef]) -> list[Any]:
+    return [pb.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
