@@ -45,6 +45,10 @@ type config struct {
 	devices     int
 	nodeV1      bool
 	nodeV1beta1 bool
+	// For the benchmarks (bench/): the defaults keep the behaviour the tests expect.
+	devicesPerSlice int
+	kubeAPIQPS      float64
+	kubeAPIBurst    int
 }
 
 func main() {
@@ -59,6 +63,9 @@ func main() {
 	flag.IntVar(&cfg.devices, "devices", 4, "number of devices to publish")
 	flag.BoolVar(&cfg.nodeV1, "node-v1", true, "serve and advertise the v1 DRA node service")
 	flag.BoolVar(&cfg.nodeV1beta1, "node-v1beta1", true, "serve and advertise the v1beta1 DRA node service")
+	flag.IntVar(&cfg.devicesPerSlice, "devices-per-slice", 0, "split the devices into slices of at most this many (0: one slice; the API server allows 128)")
+	flag.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 0, "client-side QPS limit of the API client (0: client-go's default of 5, negative: no limit)")
+	flag.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 0, "client-side burst of the API client (0: client-go's default of 10)")
 	flag.Parse()
 
 	if err := run(cfg); err != nil {
@@ -85,6 +92,8 @@ func run(cfg config) error {
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
+	restConfig.QPS = float32(cfg.kubeAPIQPS)
+	restConfig.Burst = cfg.kubeAPIBurst
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
@@ -127,7 +136,8 @@ func run(cfg config) error {
 }
 
 // publishedResources describes one pool, named after the node, with
-// cfg.devices plain devices dev-0 ... dev-<n-1>.
+// cfg.devices plain devices dev-0 ... dev-<n-1>, in one slice or, with
+// cfg.devicesPerSlice, in slices of at most that many.
 func publishedResources(cfg config) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, cfg.devices)
 	for i := range cfg.devices {
@@ -139,9 +149,16 @@ func publishedResources(cfg config) resourceslice.DriverResources {
 			},
 		})
 	}
+	slices := []resourceslice.Slice{{Devices: devices}}
+	if size := cfg.devicesPerSlice; size > 0 && len(devices) > size {
+		slices = nil
+		for start := 0; start < len(devices); start += size {
+			slices = append(slices, resourceslice.Slice{Devices: devices[start:min(start+size, len(devices))]})
+		}
+	}
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{
-			cfg.nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}},
+			cfg.nodeName: {Slices: slices},
 		},
 	}
 }

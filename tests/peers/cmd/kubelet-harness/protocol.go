@@ -22,6 +22,11 @@ package main
 //	  -> {"id":7,"ok":true,"wipes":[{"driver":"","field_selector":"spec.nodeName=n1"}]}
 //	{"id":8,"op":"wait_slice_wipe","driver":"","timeout":30}
 //	  -> {"id":8,"ok":true}    (driver "" = the start-up wipe of all drivers)
+//	{"id":10,"op":"bench_prepare","driver":"d","claims":[{"namespace":"ns","name":"c","uid":"..."}],
+//	 "iterations":100,"warmup":10,"parallel":1,"timeout":600}
+//	  -> {"id":10,"ok":true,"prepare_ns":[...],"unprepare_ns":[...],"total_ns":N}
+//	      (the plugin's NodePrepareResources then NodeUnprepareResources, timed per call,
+//	      in "parallel" concurrent streams of claims; total_ns: wall time of the timed calls; bench.go)
 //
 // Failures answer {"id":N,"ok":false,"error":"..."}.
 
@@ -48,6 +53,11 @@ type request struct {
 	Pod       string  `json:"pod"`
 	Driver    string  `json:"driver"`
 	Timeout   float64 `json:"timeout"` // seconds
+	// bench_prepare only (bench.go).
+	Claims     []benchClaim `json:"claims"`
+	Iterations int          `json:"iterations"`
+	Warmup     int          `json:"warmup"`
+	Parallel   int          `json:"parallel"`
 }
 
 func (r request) timeout() time.Duration {
@@ -119,6 +129,8 @@ func (h *harness) dispatch(ctx context.Context, req request) (map[string]any, er
 		return map[string]any{"refusal": refusal}, nil
 	case "slice_wipes":
 		return map[string]any{"wipes": h.obs.sliceWipes()}, nil
+	case "bench_prepare":
+		return h.benchPrepare(ctx, req)
 	default:
 		return nil, fmt.Errorf("unknown op %q", req.Op)
 	}

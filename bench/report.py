@@ -1,0 +1,295 @@
+"""The results as Markdown tables, for bench/results/latest.md and the README."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:.0f}"
+    return str(value)
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """All tables, with the machine they were measured on."""
+    m = results["machine"]
+    lines = [
+        f"Measured {results['finished']} in {results['wall_seconds'] / 60:.1f} min"
+        + (" (`--quick`: rough figures)" if results["quick"] else "")
+        + f" on {m['cpu_model']}, {m['usable_cpus']} CPUs, {m['memory_gib']} GiB, "
+        f"{m['kernel']}; {m['python']}, Go {m['go']}, Kubernetes {m['kubernetes']}, "
+        f"nodedra {m['nodedra']} ({m['git_commit']}); load average at start "
+        f"{m['load_average_at_start']}, at end {results['load_average_at_end']}.",
+        "",
+    ]
+    noise = results.get("other_processes") or {}
+    if noise:
+        lines += [
+            "Other processes on the machine used, on average, "
+            + ", ".join(f"{v['other_cores_busy']:.2f} cores during {k}" for k, v in noise.items())
+            + f" (of {m['usable_cpus']}).",
+            "",
+        ]
+    if "prepare" in results:
+        lines += _prepare(results["prepare"])
+    if "slices" in results:
+        lines += _slices(results["slices"])
+    if "operator" in results:
+        lines += _process(results)
+        lines += _watch(results["operator"]["claim_watch"])
+    return "\n".join(lines) + "\n"
+
+
+def _prepare(prepare: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            c["case"],
+            c["driver"],
+            c["prepare_ms"]["n"],
+            c["prepare_ms"]["p50"],
+            c["prepare_ms"]["p99"],
+            c["unprepare_ms"]["p50"],
+            c["unprepare_ms"]["p99"],
+            c["claims_per_second"],
+            c["cpu_ms_per_claim_cycle"],
+            c["rss_peak_mib"],
+        ]
+        for c in prepare["cases"]
+    ]
+    ratios = [
+        [
+            r["case"],
+            _x(r["prepare_p50"]),
+            _x(r["prepare_p99"]),
+            _x(r["unprepare_p50"]),
+            _x(r["unprepare_p99"]),
+            _x(r["throughput"]),
+        ]
+        for r in prepare["ratios"]["nodedra_over_go"]
+    ]
+    aim = prepare["ratios"]["aim_one_claim_p99"]
+    verdict = "met" if aim.get("met") else "NOT met"
+    one = next(r for r in prepare["ratios"]["nodedra_over_go"] if r["case"] == "1")
+    return [
+        "### Prepare and unprepare through the kubelet's DRA client (latencies in ms)",
+        "",
+        *_table(
+            [
+                "claims/request",
+                "driver",
+                "calls",
+                "prepare p50",
+                "prepare p99",
+                "unprepare p50",
+                "unprepare p99",
+                "claims/s",
+                "CPU ms/claim",
+                "peak RSS MiB",
+            ],
+            rows,
+        ),
+        "",
+        "claims/s: claims prepared and unprepared per second of wall time; CPU ms/claim: "
+        "the driver process's CPU time per claim prepared and unprepared.",
+        "",
+        "nodedra / Go (latency: lower is better; throughput: higher is better):",
+        "",
+        *_table(
+            [
+                "claims/request",
+                "prepare p50",
+                "prepare p99",
+                "unprepare p50",
+                "unprepare p99",
+                "throughput",
+            ],
+            ratios,
+        ),
+        "",
+        f"Aim, one-claim prepare p99 within {aim['target_prepare_p99_ratio']}x of Go: "
+        f"{_x(aim.get('prepare_p99_ratio'))}, **{verdict}** (met in {aim.get('rounds_met')} "
+        "of the interleaved rounds taken one by one: "
+        + ", ".join(_x(r) for r in one["prepare_p99_by_round"])
+        + ").",
+        "",
+    ]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _slices(slices: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            r["devices"],
+            r["driver"],
+            r["slices"],
+            _ms(r["publish_seconds"]),
+            _ms(r.get("start_to_socket_seconds")),
+            _writes(r.get("publish_writes")),
+            _ms(r.get("restore_seconds")),
+            _writes(r.get("restore_writes")),
+        ]
+        for r in slices["rows"]
+    ]
+    return [
+        f"### ResourceSlice publication (ms, median of {slices['repeats']})",
+        "",
+        *_table(
+            [
+                "devices",
+                "driver",
+                "slices",
+                "publish to whole pool",
+                "Go: start to its socket",
+                "API writes",
+                "wipe to restored",
+                "restore writes",
+            ],
+            rows,
+        ),
+        "",
+        "nodedra: `Plugin.publish()` + `start()` in-process, restore driven by `resync()` (what "
+        "its slice watch calls). Go: from process start (its own start-up is the time to its "
+        "registration socket); its resourceslice controller polls its informer "
+        "once a second before the first sync and repairs a wipe only after its fixed 30 s "
+        "sync delay (measured once, largest size).",
+        "",
+    ]
+
+
+def _writes(writes: dict[str, int] | None) -> str:
+    if not writes:
+        return "n/a"
+    return str(writes["created"] + writes["updated"] + writes["deleted"])
+
+
+def _process(results: dict[str, Any]) -> list[str]:
+    ours = results["operator"]["process"]["nodedra"]
+    go = results["operator"]["process"]["go"]
+    prepare = results.get("prepare", {})
+    by = {(c["driver"], c["case"]): c for c in prepare.get("cases", [])}
+    manager_start = prepare.get("start_seconds", {}).get("nodedra_manager", {})
+    manager_idle = prepare.get("idle", {}).get("nodedra", {})
+    rows: list[list[object]] = [
+        [
+            "start to registration socket (s)",
+            ours["start_seconds"]["socket"],
+            manager_start.get("socket"),
+            go["start_seconds"]["socket"],
+        ],
+        [
+            "start to registered by the kubelet (s)",
+            ours["start_seconds"]["registered"],
+            manager_start.get("registered"),
+            go["start_seconds"]["registered"],
+        ],
+        [
+            "idle RSS (MiB)",
+            ours["idle"]["rss_end_mib"],
+            manager_idle.get("rss_end_mib"),
+            go["idle"]["rss_end_mib"],
+        ],
+        [
+            "idle CPU (% of a core)",
+            ours["idle"]["cpu_percent"],
+            manager_idle.get("cpu_percent"),
+            go["idle"]["cpu_percent"],
+        ],
+    ]
+    for load in ours["load"]:
+        size = str(load["claims"])
+        manager, go_case = by.get(("nodedra", size)), by.get(("go", size))
+        rows += [
+            [
+                f"peak RSS, {size}-claim requests (MiB)",
+                load["window"]["rss_peak_mib"],
+                manager["rss_peak_mib"] if manager else None,
+                go_case["rss_peak_mib"] if go_case else None,
+            ],
+            [
+                f"CPU ms per claim, {size}-claim requests",
+                load["cpu_ms_per_claim_cycle_with_status_writes"],
+                manager["cpu_ms_per_claim_cycle"] if manager else None,
+                go_case["cpu_ms_per_claim_cycle"] if go_case else None,
+            ],
+            [
+                f"prepare p50 / p99 ms, {size}-claim requests",
+                _pair(load),
+                _pair(manager),
+                _pair(go_case),
+            ],
+        ]
+    rows.append(
+        [
+            "all slices of the node wiped: restored after (s)",
+            ours["restore_after_wipe_seconds"],
+            None,
+            go["restore_after_wipe_seconds"],
+        ]
+    )
+    idle_ok = ours["idle"]["rss_end_mib"] < 100
+    starts = ours.get("start_seconds_all", [])
+    spread = ""
+    if starts:
+        registered = sorted(s["registered"] for s in starts)
+        sockets = sorted(s["socket"] for s in starts)
+        spread = (
+            f" Over its {len(starts)} starts in this run, `nodedra run` took "
+            f"{sockets[0]:.2f}-{sockets[-1]:.2f} s to its socket and "
+            f"{registered[0]:.2f}-{registered[-1]:.2f} s to registration."
+        )
+    return [
+        "### Processes: `nodedra run` (watch on), nodedra's manager alone, the Go driver",
+        "",
+        *_table(["", "nodedra run", "manager process", "Go driver"], rows),
+        "",
+        f"Aim, idle RSS of `nodedra run` under 100 MiB: {ours['idle']['rss_end_mib']:.0f} MiB, "
+        f"**{'met' if idle_ok else 'NOT met'}**. Under load, `nodedra run`'s CPU includes the "
+        "claim status writes its requests queue (counted until it is quiet again); the "
+        "manager and Go columns are from the prepare benchmark. The kubelet's plugin "
+        "manager reconciles once a second, hence registration about 1 s after the socket." + spread,
+        "",
+    ]
+
+
+def _pair(case: dict[str, Any] | None) -> str:
+    if case is None:
+        return "n/a"
+    return f"{case['prepare_ms']['p50']:.1f} / {case['prepare_ms']['p99']:.1f}"
+
+
+def _watch(watch: dict[str, Any]) -> list[str]:
+    per = watch["per_1000_claims"]
+    labels = {
+        "create_cpu_seconds": "CPU s while 1000 claims are created",
+        "create_rss_delta_mib": "RSS change after (MiB)",
+        "create_rss_peak_delta_mib": "RSS peak over start (MiB)",
+        "start_cpu_delta_seconds": "extra CPU s of a start with them",
+        "start_rss_delta_mib": "extra RSS after a start with them (MiB)",
+    }
+    rows = [
+        [label, per["watch_on"][key], per["watch_off"][key], per["watch_cost"][key]]
+        for key, label in labels.items()
+    ]
+    return [
+        "### What the ResourceClaim watch costs, per 1000 claims not on this node",
+        "",
+        *_table(["", "watch on", "NODEDRA_WATCH_CLAIMS=false", "cost of the watch"], rows),
+        "",
+    ]
