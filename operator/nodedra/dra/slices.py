@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from .kube import JSON, ClusterAPI
+from .quantity import parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -228,45 +227,12 @@ def _is_quantity_field(path: tuple[str, ...]) -> bool:
     return len(path) >= 3 and path[-3] == "counters" and path[-1] == "value"
 
 
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,3}))?"
-)
-_QUANTITY_SUFFIXES = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-
-
 def _quantity_value(value: Any) -> Any:
-    """The exact value of a quantity ("1Gi", "1073741824"), or ``value`` if it is none.
-
-    nodedra.policy.quantity parses the same grammar, but the policies build on this
-    package, not the other way round.
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Fraction(value)
-    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
+    """The exact value of a quantity ("1Gi", "1073741824"), or ``value`` if it is none."""
+    try:
+        return parse_quantity(value)
+    except ValueError:
         return value
-    number = Fraction(match["number"])
-    if match["exp"] is not None:
-        return number * Fraction(10) ** int(match["exp"])
-    return number * _QUANTITY_SUFFIXES[match["suffix"] or ""]
 
 
 def _keep_taint_times(current: JSON, spec: JSON) -> JSON:

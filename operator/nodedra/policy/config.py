@@ -21,9 +21,8 @@ from typing import Any
 
 import yaml
 
+from nodedra.dra.quantity import parse_quantity
 from nodedra.topology.cpulist import parse_cpu_list
-
-from .quantity import parse_quantity
 
 POLICIES = ("topology-aware", "static")
 OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(

@@ -12,13 +12,13 @@ from fractions import Fraction
 from typing import Any
 
 from nodedra.dra import AllocationResult
+from nodedra.dra.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
 from .base import Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 from .picker import pick_cpus
-from .quantity import parse_quantity, whole_positive
 
 NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 CPU_CAPACITY = "cpu"

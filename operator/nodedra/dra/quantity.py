@@ -1,6 +1,7 @@
 """Kubernetes resource quantities ("2", "1500m", "4Gi", "1e3") as exact numbers.
 
-Consumed capacities reach the policy as quantity strings. They are parsed exactly (as
+Capacities reach nodedra as quantity strings, and the API server rewrites the ones it stores in
+canonical form ("1024Mi" comes back as "1Gi"). They are parsed exactly (as
 fractions, never floats), so that "is this a whole number of CPUs" has a right answer.
 """
 
