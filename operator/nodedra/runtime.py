@@ -194,7 +194,8 @@ class Runtime:
         self.metrics.orphans.set(len(orphans))
         if orphans and self.settings.release_orphans:
             refs = [ClaimRef("", "", uid) for uid in sorted(orphans)]
-            for uid, error in self.manager.plugin.unprepare_resource_claims(refs).items():
+            # As the kubelet would: under the lock shared with a rolling update's other pod.
+            for uid, error in self.manager.plugin.node_unprepare(refs).items():
                 if error is None:
                     log.warning("released orphaned claim %s", uid)
 

@@ -408,6 +408,45 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
 # -- rolling update -------------------------------------------------------------------------------
 
 
+def test_a_claim_gone_from_the_api_is_reported_and_released_when_asked(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,
+    nodedra_factory: NodedraFactory,
+) -> None:
+    """A claim deleted before the kubelet unprepared it: counted as an orphan after the
+    grace period, and with --release-orphans its CPUs and its spec are given back."""
+    cp = workload_controllers
+    env = {
+        "NODEDRA_RELEASE_ORPHANS": "true",
+        "NODEDRA_ORPHAN_GRACE": "1",
+        "NODEDRA_CONFIG_POLL": "0.5",
+    }
+    nodedra = nodedra_factory(kubelet, env=env)
+    nodedra.wait_serving(cp, kubelet, TOPOLOGY_AWARE, DEVICES)
+    claim = start_claim_pod(cp, namespace, kubelet.node_name, "orphan", {"cpu": "1"})
+    uid = claim["metadata"]["uid"]
+    kubelet.prepare(namespace, "orphan")
+    spec_path = nodedra.dirs.spec_path(TOPOLOGY_AWARE, uid)
+    assert spec_path.exists()
+
+    # Gone from the API server while still prepared (the kubelet never unprepares it).
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    cp.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/orphan?gracePeriodSeconds=0")
+    cp.request("DELETE", f"{claims}/{claim['metadata']['name']}")
+
+    poll(
+        lambda: True if not spec_path.exists() else None,
+        30,
+        lambda: f"the orphaned claim {uid} to be released",
+    )
+    assert nodedra.metric("nodedra_claims_held") == 0
+    state = Checkpoint(nodedra.dirs.checkpoint).load()
+    assert state is not None
+    assert state.claims == {}
+    assert f"claim {uid} is held here but its ResourceClaim has been gone" in nodedra.log_text()
+
+
 def test_rolling_update_hands_over_without_unregistering(
     workload_controllers: ControlPlane,
     namespace: str,
