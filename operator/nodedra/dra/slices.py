@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodedra.quantity import parse_quantity
+
 from .kube import JSON, ClusterAPI
-from .quantity import parse_quantity
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from nodedra.dra import AllocationResult
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
 
 from .config import PolicyConfig
 from .ledger import Grant, Ledger, PolicyError, grant_edits
+
+if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
+    from nodedra.dra.claims import AllocationResult
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,16 @@ exactly those CPUs. Memory is not accounted; the environment names each CPU's NU
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from nodedra.dra import AllocationResult
 from nodedra.topology.cpulist import format_cpu_list
 
 from .base import Device, ExclusiveCPUPolicy
 from .ledger import Grant, PolicyError
 from .topology_aware import NUMA_NODE_ATTRIBUTE
+
+if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
+    from nodedra.dra.claims import AllocationResult
 
 _DEVICE = re.compile(r"cpu(\d{3,})")
 

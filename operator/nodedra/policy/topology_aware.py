@@ -9,16 +9,18 @@ and lets the scheduler place a claim by node with the standard numaNode attribut
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodedra.dra import AllocationResult
-from nodedra.dra.quantity import parse_quantity, whole_positive
+from nodedra.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
 from .base import Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 from .picker import pick_cpus
+
+if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
+    from nodedra.dra.claims import AllocationResult
 
 NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 CPU_CAPACITY = "cpu"

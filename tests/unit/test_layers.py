@@ -1,0 +1,35 @@
+"""Imports point down the layers of DESIGN.md §1: checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+LOADED = "import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+
+
+def loaded_by(module: str) -> set[str]:
+    """The modules importing ``module`` loads, in a fresh interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED.format(module=module)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return set(json.loads(out))
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        ("nodedra.topology", {"nodedra.policy", "nodedra.dra", "grpc", "kopf", "kubernetes"}),
+        ("nodedra.policy", {"nodedra.dra", "nodedra.resmgr", "grpc", "kopf", "kubernetes"}),
+        ("nodedra.dra", {"nodedra.policy", "nodedra.resmgr", "nodedra.handlers", "kopf"}),
+        ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
+    ],
+)
+def test_imports_point_down(module: str, forbidden: set[str]) -> None:
+    assert loaded_by(module) & forbidden == set()
