@@ -408,6 +408,23 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
 # -- rolling update -------------------------------------------------------------------------------
 
 
+def test_a_lost_socket_shuts_it_down_from_the_monitor_thread(
+    control_plane: ControlPlane, kubelet: KubeletHarness, nodedra_factory: NodedraFactory
+) -> None:
+    """Someone removes nodedra's DRA socket: the kubelet can no longer reach it, which it
+    cannot repair. The socket monitor (a thread of its own) asks for a shutdown, kopf stops
+    gracefully, and the process exits non-zero saying why, for the DaemonSet to restart."""
+    nodedra = nodedra_factory(kubelet)
+    nodedra.wait_serving(control_plane, kubelet, TOPOLOGY_AWARE, DEVICES)
+    socket = nodedra.dra_socket
+    socket.unlink()
+    assert nodedra.wait_exit(60) == 1
+    log = nodedra.log_text()
+    assert f"socket {socket} was removed or replaced by someone else" in log
+    assert "nodedra run: stopped: dra: gRPC server:" in log
+    assert not nodedra.registration_socket(TOPOLOGY_AWARE).exists()
+
+
 def test_a_claim_gone_from_the_api_is_reported_and_released_when_asked(
     workload_controllers: ControlPlane,
     namespace: str,
