@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ from kubernetes import client as k8s
 
 from nodedra.settings import FLAGS
 from tests.fixtures.sysfs import generate
+from tests.peers import cluster
 from tests.peers.build import PeerBinaries
-from tests.peers.cluster import create_ready_node
+from tests.peers.cluster import create_ready_node, pool_devices
 from tests.peers.controlplane import (
     DRA_FEATURE_GATES,
     LOOPBACK,
@@ -68,15 +68,8 @@ def write_sysfs(directory: Path) -> Path:
 
 
 def poll(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Call ``check`` until it returns something; TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    """Call ``check`` until it returns something, as the tests' poll does, naming ``what``."""
+    return cluster.poll(check, timeout, lambda: f"waiting for {what}", interval)
 
 
 class Admin:
@@ -140,19 +133,9 @@ class Admin:
 
 
 def complete_pool(slices: Sequence[Mapping[str, Any]], devices: int) -> list[str] | None:
-    """The device names of the pool's newest generation once it is whole, else None.
-
-    Whole means what a scheduler needs before it uses a pool: ``resourceSliceCount``
-    slices of the highest generation, here holding ``devices`` devices in all.
-    """
-    if not slices:
-        return None
-    top = max(s["spec"]["pool"]["generation"] for s in slices)
-    current = [s for s in slices if s["spec"]["pool"]["generation"] == top]
-    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
-        return None
-    names = [d["name"] for s in current for d in s["spec"].get("devices") or []]
-    return names if len(names) == devices else None
+    """The device names of the pool's newest generation once it is whole, else None."""
+    found = pool_devices([dict(s) for s in slices])
+    return [d["name"] for d in found] if found is not None and len(found) == devices else None
 
 
 @dataclass

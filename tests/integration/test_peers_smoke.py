@@ -125,13 +125,14 @@ def test_go_driver_registers_through_kubelet_plugin_manager(
     assert plugin.chosen_service == "v1.DRAPlugin"
     assert kubelet.registered_plugins() == [plugin]
 
-    slices = wait_for_slices(control_plane, ready_node, driver.driver_name, devices=4)
-    assert sorted(d["name"] for s in slices for d in s["spec"]["devices"]) == [
+    devices = wait_for_slices(control_plane, ready_node, driver.driver_name, devices=4)
+    assert sorted(d["name"] for d in devices) == [
         "dev-0",
         "dev-1",
         "dev-2",
         "dev-3",
     ]
+    slices = resource_slices(control_plane, ready_node, driver.driver_name)
     assert {s["spec"]["pool"]["name"] for s in slices} == {ready_node}
 
     # Stopping the driver removes its registration socket; the plugin

@@ -21,7 +21,13 @@ from nodedra.quantity import parse_quantity
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.conftest import GoDriverFactory, KubeletFactory
-from tests.peers.cluster import get_claim, pod_claim_name, poll, resource_slices, wait_pod_scheduled
+from tests.peers.cluster import (
+    get_claim,
+    pod_claim_name,
+    resource_slices,
+    wait_for_slices,
+    wait_pod_scheduled,
+)
 from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.kubelet import KubeletHarness
 from tests.unit.dra.fakes import FakeOwner, FakePolicy, devices
@@ -70,7 +76,10 @@ NodedraFactory = Callable[..., Nodedra]
 
 
 @pytest.fixture
-def nodedra(admin_api: ApiClient, peer_workdir: Path) -> Iterator[NodedraFactory]:
+def nodedra(
+    control_plane: ControlPlane, admin_api: ApiClient, peer_workdir: Path
+) -> Iterator[NodedraFactory]:
+    """Starts nodedra on a kubelet's node and waits until it is registered and published."""
     started: list[Nodedra] = []
 
     def start(kubelet: KubeletHarness, policy: str = "topology-aware") -> Nodedra:
@@ -83,6 +92,9 @@ def nodedra(admin_api: ApiClient, peer_workdir: Path) -> Iterator[NodedraFactory
         )
         node.manager.start()
         started.append(node)
+        kubelet.wait_registered(node.driver)
+        devices = len(node.manager.policy.devices())
+        wait_for_slices(control_plane, kubelet.node_name, node.driver, devices)
         return node
 
     yield start
@@ -94,23 +106,6 @@ def started_kubelet(kubelet_factory: KubeletFactory, node: str) -> KubeletHarnes
     kubelet = kubelet_factory(node)
     kubelet.wait_slice_wipe("")  # the kubelet wipes the node's slices once, at start
     return kubelet
-
-
-def published(cp: ControlPlane, node: str, driver: str, count: int) -> list[dict[str, Any]]:
-    """The devices of the pool's newest generation, once there are ``count`` of them."""
-
-    def complete() -> list[dict[str, Any]] | None:
-        slices = resource_slices(cp, node, driver)
-        if not slices:
-            return None
-        top = max(s["spec"]["pool"]["generation"] for s in slices)
-        current = [s for s in slices if s["spec"]["pool"]["generation"] == top]
-        if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
-            return None
-        found = [d for s in current for d in s["spec"]["devices"]]
-        return found if len(found) == count else None
-
-    return poll(complete, 30, lambda: f"{count} devices of {driver} on {node}")
 
 
 # --- registration ---------------------------------------------------------------------
@@ -150,7 +145,7 @@ def test_policy_devices_pass_real_validation_unchanged(
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet, policy)
     expected = node.manager.policy.devices()
-    stored = published(control_plane, ready_node, node.driver, len(expected))
+    stored = wait_for_slices(control_plane, ready_node, node.driver, len(expected))
     assert stored == expected, "the API server kept every field as nodedra wrote it"
 
 
@@ -242,9 +237,9 @@ def test_generation_and_restoration(
         "DELETE",
         f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{ready_node}",
     )
-    assert sorted(d["name"] for d in published(control_plane, ready_node, driver, 129)) == sorted(
-        d["name"] for d in devices(129)
-    )
+    assert sorted(
+        d["name"] for d in wait_for_slices(control_plane, ready_node, driver, 129)
+    ) == sorted(d["name"] for d in devices(129))
 
 
 def test_list_attributes_probe_on_a_real_server(admin_api: ApiClient, publisher: Plugin) -> None:
@@ -341,8 +336,6 @@ def test_pod_claim_end_to_end(
     cp = workload_controllers
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet)
-    kubelet.wait_registered(TA)
-    published(cp, ready_node, TA, len(node.manager.policy.devices()))
     request = {
         "name": "cpus",
         "exactly": {
@@ -392,10 +385,8 @@ def test_claim_spanning_two_drivers(  # noqa: PLR0917
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet, "static")
     go = go_driver_factory(kubelet)
-    kubelet.wait_registered(STATIC)
     kubelet.wait_registered(go.driver_name)
-    published(cp, ready_node, STATIC, len(node.manager.policy.devices()))
-    published(cp, ready_node, go.driver_name, 4)
+    wait_for_slices(cp, ready_node, go.driver_name, 4)
     claim = create_pod(
         cp,
         namespace,
@@ -433,8 +424,6 @@ def test_prepare_twice_and_unprepare_unknown_over_the_socket(
     cp = workload_controllers
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet, "static")
-    kubelet.wait_registered(STATIC)
-    published(cp, ready_node, STATIC, len(node.manager.policy.devices()))
     claim = create_pod(
         cp,
         namespace,

@@ -133,17 +133,32 @@ def resource_slices(cp: ControlPlane, node: str, driver: str) -> list[dict[str, 
     return items
 
 
+def pool_devices(slices: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The devices of a pool's newest generation once all its slices are there, else None.
+
+    That is when a scheduler uses a pool: ``resourceSliceCount`` slices of the highest
+    generation. ``slices`` are one pool's (one driver on one node).
+    """
+    if not slices:
+        return None
+    top = max(s["spec"]["pool"]["generation"] for s in slices)
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == top]
+    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return None
+    return [d for s in current for d in s["spec"].get("devices") or []]
+
+
 def wait_for_slices(
     cp: ControlPlane, node: str, driver: str, devices: int, timeout: float = 30.0
 ) -> list[dict[str, Any]]:
-    """Wait until `driver` has published `devices` devices for `node`."""
+    """Wait until `driver`'s pool on `node` is whole with `devices` devices; its devices."""
     seen: list[dict[str, Any]] = []
 
     def check() -> list[dict[str, Any]] | None:
         nonlocal seen
         seen = resource_slices(cp, node, driver)
-        count = sum(len(s["spec"].get("devices") or []) for s in seen)
-        return seen if count == devices else None
+        found = pool_devices(seen)
+        return found if found is not None and len(found) == devices else None
 
     return poll(
         check, timeout, lambda: f"{devices} devices of {driver} on {node}; slices seen: {seen}"

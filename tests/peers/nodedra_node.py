@@ -36,7 +36,7 @@ from nodedra.inventory import inventory
 from nodedra.policy import load_config
 from nodedra.settings import FLAGS
 from nodedra.topology import read_topology
-from tests.peers.cluster import poll, resource_slices
+from tests.peers.cluster import poll, pool_devices, resource_slices
 from tests.peers.controlplane import LOOPBACK, APIError, ControlPlane, free_port, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness, RegisteredPlugin
 from tests.peers.process import PeerProcess, PeerProcessError
@@ -447,8 +447,8 @@ class NodedraProcess:
             return plugin is not None
 
         def published() -> bool:
-            slices = resource_slices(cp, kubelet.node_name, driver)
-            return sum(len(s["spec"].get("devices") or []) for s in slices) == devices
+            found = pool_devices(resource_slices(cp, kubelet.node_name, driver))
+            return found is not None and len(found) == devices
 
         def healthy() -> bool:
             return self.healthz()[0] == 200

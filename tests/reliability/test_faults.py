@@ -30,7 +30,13 @@ from nodedra.policy import PolicyError, parse_config
 from nodedra.resmgr import CheckpointError
 from nodedra.resmgr.checkpoint import _checksum
 from tests.peers.build import PeerBinaries
-from tests.peers.cluster import create_ready_node, ensure_test_namespace, poll, resource_slices
+from tests.peers.cluster import (
+    create_ready_node,
+    ensure_test_namespace,
+    poll,
+    pool_devices,
+    resource_slices,
+)
 from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
 from tests.peers.kubelet import KubeletHarness
 from tests.reliability.helpers import (
@@ -132,14 +138,7 @@ def create_allocated_claim(
 
 def published_devices(cp: ControlPlane, node: str, driver: str) -> list[dict[str, Any]] | None:
     """The devices of the pool's newest generation, once all its slices are there."""
-    slices = resource_slices(cp, node, driver)
-    if not slices:
-        return None
-    top = max(s["spec"]["pool"]["generation"] for s in slices)
-    current = [s for s in slices if s["spec"]["pool"]["generation"] == top]
-    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
-        return None
-    return [d for s in current for d in s["spec"]["devices"]]
+    return pool_devices(resource_slices(cp, node, driver))
 
 
 def wait_published(cp: ControlPlane, node: LocalNode, timeout: float = 60) -> None:
