@@ -1,19 +1,20 @@
-"""Locate or build the real Kubernetes peers that the integration tests run.
+"""Locate or build the real peers that the integration tests run.
 
-The peers are built from the official Go modules pinned in ``tests/peers/go.mod``
+The peers are built from official Go modules in groups, one Go module each (see
+:func:`peer_groups`): the Kubernetes group pinned in ``tests/peers/go.mod``
 (kube-apiserver, kube-scheduler, kube-controller-manager from k8s.io/kubernetes,
-an etcd server from go.etcd.io/etcd/server/v3) plus our own small Go programs
-(the kubelet DRA harness and the Go reference driver). Building takes many
-minutes on a small machine, so the binaries are cached outside the repository,
-under ``$XDG_CACHE_HOME/nodedra/peers/<kubernetes version>-<source hash>/``
-(default ``~/.cache``). The hash covers every Go source, go.mod and go.sum, so
-changed harness code gets rebuilt and unchanged code is reused.
+an etcd server from go.etcd.io/etcd/server/v3, plus our own small Go programs:
+the kubelet DRA harness and the Go reference driver), and groups of their own for
+peers whose dependency pins differ. Building takes many minutes on a small
+machine, so the binaries are cached outside the repository, under
+``$XDG_CACHE_HOME/nodedra/peers/<group>-<source hash>/`` (default ``~/.cache``).
+The hash covers the group's Go sources, go.mod, go.sum and build flags, so changed
+harness code gets rebuilt and unchanged code is reused.
 
 Binaries can also be supplied instead of built:
 
-* ``NODEDRA_ETCD``, ``NODEDRA_KUBE_APISERVER``, ``NODEDRA_KUBE_SCHEDULER``,
-  ``NODEDRA_KUBE_CONTROLLER_MANAGER``, ``NODEDRA_KUBELET_HARNESS``,
-  ``NODEDRA_GO_DRIVER``: the path of that one binary;
+* ``NODEDRA_<NAME>`` (``NODEDRA_KUBE_APISERVER``, ... see ``ENV_OVERRIDES``):
+  the path of that one binary;
 * ``KUBEBUILDER_ASSETS``: a directory in the envtest layout (``etcd``,
   ``kube-apiserver``, ...); whatever it holds is used.
 
@@ -34,33 +35,136 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 PEERS_DIR = Path(__file__).resolve().parent
 
-#: What each peer is built from, relative to the Go module in PEERS_DIR.
-GO_PACKAGES: dict[str, str] = {
-    "etcd": "./cmd/etcd",
-    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
-    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
-    "kubelet-harness": "./cmd/kubelet-harness",
-    "go-driver": "./cmd/go-driver",
-}
+
+@dataclass(frozen=True)
+class PeerGroup:
+    """Peers built together, by one ``go build``, from one Go module.
+
+    Each group is cached on its own (its name plus a hash of its sources and flags), so a
+    change to one group's sources rebuilds that group only. ``modfile`` builds the same
+    sources against another version of their dependencies: an alternative ``go.mod`` (with
+    its ``.sum`` beside it) in the module, as ``go build -modfile`` takes it.
+    """
+
+    name: str
+    module: Path
+    packages: Mapping[str, str]
+    """Binary name -> Go package, relative to the module."""
+    modfile: str | None = None
+    tags: tuple[str, ...] = ()
+    cgo: bool = False
+    ldflags: tuple[str, ...] = ("-s", "-w")
+
+    def source_files(self) -> list[Path]:
+        """Everything that decides what this group's binaries are."""
+        mod = self.module / (self.modfile or "go.mod")
+        files = [mod, mod.with_suffix(".sum")]
+        nested = [p.parent for p in self.module.rglob("go.mod") if p.parent != self.module]
+        files += sorted(
+            p
+            for p in self.module.rglob("*.go")
+            if p.is_file() and not any(p.is_relative_to(n) for n in nested)
+        )
+        return files
+
+    def build_flags(self) -> list[str]:
+        """Flags of ``go build`` that shape the binaries (part of the cache key)."""
+        flags = [
+            "-trimpath",
+            # Our sources live in the nodedra repository; stamping its VCS state
+            # into test binaries only breaks builds in unusual checkouts.
+            "-buildvcs=false",
+            "-ldflags",
+            " ".join(self.ldflags),
+        ]
+        if self.modfile:
+            flags.append(f"-modfile={self.modfile}")
+        if self.tags:
+            flags.append("-tags=" + ",".join(self.tags))
+        return flags
+
+    def source_hash(self) -> str:
+        """Hash of everything that determines the binaries of this group."""
+        digest = hashlib.sha256(_BUILD_SCHEME.encode())
+        for path in self.source_files():
+            digest.update(str(path.relative_to(self.module)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+        digest.update(" ".join(self.build_flags()).encode())
+        digest.update(b"cgo" if self.cgo else b"static")
+        return digest.hexdigest()[:16]
+
+    def cache_dir(self) -> Path:
+        """Where this group's binaries are cached."""
+        return cache_root() / f"{self.name}-{self.source_hash()}"
+
+
+def kubernetes_version(go_mod: Path = PEERS_DIR / "go.mod") -> str:
+    """The k8s.io/kubernetes version that go.mod pins (the single source of truth)."""
+    match = re.search(
+        r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod.read_text(), re.MULTILINE
+    )
+    if match is None:
+        raise PeerBuildError(f"{go_mod} does not require k8s.io/kubernetes")
+    return match.group(1)
+
+
+def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
+    """Version stamping as Kubernetes' own build does, so the components
+    report the release they were built from (not v0.0.0-master)."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+        ]
+    return tuple(flags)
+
+
+def _kubernetes_group() -> PeerGroup:
+    version = kubernetes_version()
+    return PeerGroup(
+        name=f"kubernetes-{version}",
+        module=PEERS_DIR,
+        packages={
+            "etcd": "./cmd/etcd",
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kubelet-harness": "./cmd/kubelet-harness",
+            "go-driver": "./cmd/go-driver",
+        },
+        ldflags=_kubernetes_ldflags(version),
+    )
+
+
+def peer_groups() -> tuple[PeerGroup, ...]:
+    """Every group of peers the tests and benchmarks use."""
+    return (_kubernetes_group(),)
+
+
+def _group_of() -> dict[str, PeerGroup]:
+    return {name: group for group in peer_groups() for name in group.packages}
+
 
 #: Environment variable that supplies each peer instead of building it.
 ENV_OVERRIDES: dict[str, str] = {
-    name: "NODEDRA_" + name.upper().replace("-", "_") for name in GO_PACKAGES
+    name: "NODEDRA_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) for name in _group_of()
 }
 
-#: How many cache entries (one per source hash, ~400 MiB each) to keep.
+#: How many cache entries of each group to keep.
 _KEEP_CACHE_ENTRIES = 3
 
 #: Bump when the way binaries are built changes, so old caches are not reused.
-_BUILD_SCHEME = "1"
+_BUILD_SCHEME = "2"
 
 SUPPLY_HINT = (
     "To supply prebuilt binaries instead, set "
@@ -77,44 +181,36 @@ class PeerBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class PeerBinaries:
-    """Paths of the peer executables, by role."""
+    """Paths of the peer executables, by name."""
 
-    etcd: Path
-    kube_apiserver: Path
-    kube_scheduler: Path
-    kube_controller_manager: Path
-    kubelet_harness: Path
-    go_driver: Path
+    paths: Mapping[str, Path]
 
-    @classmethod
-    def from_mapping(cls, paths: dict[str, Path]) -> PeerBinaries:
-        return cls(**{name.replace("-", "_"): path for name, path in paths.items()})
+    def __getitem__(self, name: str) -> Path:
+        return self.paths[name]
 
+    @property
+    def etcd(self) -> Path:
+        return self.paths["etcd"]
 
-def kubernetes_version(go_mod: Path = PEERS_DIR / "go.mod") -> str:
-    """The k8s.io/kubernetes version that go.mod pins (the single source of truth)."""
-    match = re.search(
-        r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", go_mod.read_text(), re.MULTILINE
-    )
-    if match is None:
-        raise PeerBuildError(f"{go_mod} does not require k8s.io/kubernetes")
-    return match.group(1)
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.paths["kube-apiserver"]
 
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.paths["kube-scheduler"]
 
-def _source_files() -> list[Path]:
-    files = [PEERS_DIR / "go.mod", PEERS_DIR / "go.sum"]
-    files += sorted(p for p in PEERS_DIR.rglob("*.go") if p.is_file())
-    return files
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.paths["kube-controller-manager"]
 
+    @property
+    def kubelet_harness(self) -> Path:
+        return self.paths["kubelet-harness"]
 
-def source_hash() -> str:
-    """Hash of everything that determines the binaries we build."""
-    digest = hashlib.sha256(_BUILD_SCHEME.encode())
-    for path in _source_files():
-        digest.update(str(path.relative_to(PEERS_DIR)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    digest.update(" ".join(_build_flags(kubernetes_version())).encode())
-    return digest.hexdigest()[:16]
+    @property
+    def go_driver(self) -> Path:
+        return self.paths["go-driver"]
 
 
 def cache_root() -> Path:
@@ -122,42 +218,12 @@ def cache_root() -> Path:
     return Path(base) / "nodedra" / "peers"
 
 
-def cache_dir() -> Path:
-    return cache_root() / f"{kubernetes_version()}-{source_hash()}"
-
-
-def _build_flags(version: str) -> list[str]:
-    """Flags of `go build` that shape the binaries (part of the cache key)."""
-    return [
-        "-trimpath",
-        # Our sources live in the nodedra repository; stamping its VCS state
-        # into test binaries only breaks builds in unusual checkouts.
-        "-buildvcs=false",
-        "-ldflags",
-        " ".join(_ldflags(version)),
-    ]
-
-
-def _ldflags(version: str) -> list[str]:
-    """Version stamping as Kubernetes' own build does, so the components
-    report the release they were built from (not v0.0.0-master)."""
-    major, minor = version.lstrip("v").split(".")[:2]
-    flags = ["-s", "-w"]
-    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        flags += [
-            f"-X {pkg}.gitVersion={version}",
-            f"-X {pkg}.gitMajor={major}",
-            f"-X {pkg}.gitMinor={minor}",
-        ]
-    return flags
-
-
 def _supplied(log: TextIO) -> dict[str, Path]:
     """Binaries named by the environment, checked to exist and be executable."""
     found: dict[str, Path] = {}
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets:
-        for name in GO_PACKAGES:
+        for name in ENV_OVERRIDES:
             candidate = Path(assets) / name
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 found[name] = candidate
@@ -230,47 +296,29 @@ def _report_progress(lines: Iterable[str], log: TextIO, transcript: TextIO, star
             last_report = now
 
 
-def build(names: Sequence[str], dest: Path, log: TextIO = sys.stderr) -> None:
-    """Build the named peers into dest with the Go toolchain."""
+def build(group: PeerGroup, names: Sequence[str], dest: Path, log: TextIO = sys.stderr) -> None:
+    """Build the named peers of ``group`` into ``dest`` with the Go toolchain."""
     go = _find_go()
-    unknown = [n for n in names if n not in GO_PACKAGES]
+    unknown = [n for n in names if n not in group.packages]
     if unknown:
-        raise ValueError(f"unknown peers: {unknown}")
+        raise ValueError(f"unknown peers of {group.name}: {unknown}")
     dest.mkdir(parents=True, exist_ok=True)
-    version = kubernetes_version()
     env = dict(os.environ)
-    env["CGO_ENABLED"] = "0"  # Static, as Kubernetes ships its server binaries.
+    env["CGO_ENABLED"] = "1" if group.cgo else "0"  # static where it can be
     transcript_path = dest / "build.log"
-    print(
-        f"[peers] building {', '.join(names)} (Kubernetes {version}) into {dest}",
-        file=log,
-        flush=True,
-    )
-    print(
-        "[peers] the first build compiles Kubernetes and takes many minutes;"
-        " later runs reuse the cache",
-        file=log,
-        flush=True,
-    )
+    print(f"[peers] building {', '.join(names)} ({group.name}) into {dest}", file=log, flush=True)
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix=".build-", dir=dest) as tmp,
         open(transcript_path, "w") as transcript,
     ):
-        cmd = [
-            go,
-            "build",
-            "-v",
-            *_build_flags(version),
-            "-o",
-            tmp + "/",
-        ]
-        cmd += [GO_PACKAGES[n] for n in names]
+        cmd = [go, "build", "-v", *group.build_flags(), "-o", tmp + "/"]
+        cmd += [group.packages[n] for n in names]
         transcript.write(" ".join(cmd) + "\n")
         try:
             proc = subprocess.Popen(
                 cmd,
-                cwd=PEERS_DIR,
+                cwd=group.module,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -292,7 +340,7 @@ def build(names: Sequence[str], dest: Path, log: TextIO = sys.stderr) -> None:
             transcript.flush()
             tail = "".join(transcript_path.read_text().splitlines(keepends=True)[-30:])
             raise PeerBuildError(
-                f"building the Kubernetes test peers failed (go build exit code {rc}"
+                f"building the test peers {', '.join(names)} failed (go build exit code {rc}"
                 f" after {elapsed:.0f}s; full log: {transcript_path}). Last lines:\n"
                 f"{tail}\n{SUPPLY_HINT}"
             )
@@ -303,14 +351,14 @@ def build(names: Sequence[str], dest: Path, log: TextIO = sys.stderr) -> None:
     print(f"[peers] built {', '.join(names)} in {elapsed:.0f}s", file=log, flush=True)
 
 
-def _prune_cache(keep: Path, log: TextIO) -> None:
-    """Drop the oldest cache entries: every change to the harness sources
-    makes a new one. The newest few stay, for other checkouts in use."""
+def _prune_cache(group: PeerGroup, keep: Path, log: TextIO) -> None:
+    """Drop the oldest cache entries of ``group``: every change to its sources makes a
+    new one. The newest few stay, for other checkouts in use."""
     entries = sorted(
         (
             p
-            for p in cache_root().iterdir()
-            if p.is_dir() and p != keep and not p.name.startswith(".")
+            for p in cache_root().glob(f"{group.name}-*")
+            if p.is_dir() and p != keep and re.fullmatch(r"[0-9a-f]{16}", p.name[-16:])
         ),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
@@ -321,29 +369,35 @@ def _prune_cache(keep: Path, log: TextIO) -> None:
 
 
 def ensure_binaries(log: TextIO = sys.stderr, names: Sequence[str] | None = None) -> PeerBinaries:
-    """Return all peer binaries: supplied ones, cached ones, and otherwise
-    freshly built ones. Raises PeerBuildError when that is impossible."""
-    wanted = list(GO_PACKAGES) if names is None else list(names)
+    """Return the peer binaries: supplied ones, cached ones, and otherwise freshly built
+    ones (all peers, or ``names``). Raises PeerBuildError when that is impossible."""
+    group_of = _group_of()
+    wanted = list(group_of) if names is None else list(names)
+    unknown = [n for n in wanted if n not in group_of]
+    if unknown:
+        raise PeerBuildError(f"unknown peers {unknown}; known: {', '.join(group_of)}")
     paths = _supplied(log)
-    missing = [n for n in wanted if n not in paths]
-    if missing:
-        dest = cache_dir()
+    for group in peer_groups():
+        missing = [n for n in wanted if n not in paths and group_of[n] is group]
+        if not missing:
+            continue
+        dest = group.cache_dir()
         with _locked(cache_root() / ".lock"):
             to_build = [n for n in missing if not (dest / n).is_file()]
             if to_build:
-                build(to_build, dest, log)
-                _prune_cache(keep=dest, log=log)
+                build(group, to_build, dest, log)
+                _prune_cache(group, keep=dest, log=log)
             else:
                 print(
                     f"[peers] using cached {', '.join(missing)} from {dest}", file=log, flush=True
                 )
         for name in missing:
             paths[name] = dest / name
-    # Callers that asked for a subset still get a complete PeerBinaries;
-    # the entries they did not ask for point where the binary would be.
-    for name in GO_PACKAGES:
-        paths.setdefault(name, cache_dir() / name)
-    return PeerBinaries.from_mapping(paths)
+    # Callers that asked for a subset still get every name; the entries they did not ask
+    # for point where the binary would be.
+    for name, group in group_of.items():
+        paths.setdefault(name, group.cache_dir() / name)
+    return PeerBinaries(paths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,20 +407,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         " and print their paths.",
     )
     parser.add_argument(
-        "names", nargs="*", help=f"peers to build, of {', '.join(GO_PACKAGES)} (default: all)"
+        "names", nargs="*", help=f"peers to build, of {', '.join(ENV_OVERRIDES)} (default: all)"
     )
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in GO_PACKAGES]
+    unknown = [n for n in args.names if n not in ENV_OVERRIDES]
     if unknown:
-        parser.error(f"unknown peers {unknown}; choose from {', '.join(GO_PACKAGES)}")
+        parser.error(f"unknown peers {unknown}; choose from {', '.join(ENV_OVERRIDES)}")
     started = time.monotonic()
     try:
         binaries = ensure_binaries(names=args.names or None)
     except PeerBuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    for name in args.names or GO_PACKAGES:
-        print(f"{name}={getattr(binaries, name.replace('-', '_'))}")
+    for name in args.names or ENV_OVERRIDES:
+        print(f"{name}={binaries[name]}")
     print(f"[peers] ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from tests.peers.build import PeerBinaries, PeerBuildError, cache_dir, ensure_binaries
+from tests.peers.build import PeerBinaries, PeerBuildError, cache_root, ensure_binaries
 from tests.peers.cluster import (
     create_ready_node,
     ensure_test_namespace,
@@ -122,7 +122,7 @@ class Demo:
     # -- bringing it up ------------------------------------------------------------------------
 
     def peers(self) -> PeerBinaries:
-        say(f"building peers (first time: ~7 min, later runs reuse {cache_dir().parent})...")
+        say(f"building peers (first time: ~7 min, later runs reuse {cache_root()})...")
         started = time.monotonic()
         try:
             binaries = ensure_binaries(log=_Prefixed(sys.stdout, "  "))
