@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from tests.peers.controlplane import APIError, ControlPlane
+from tests.peers.controlplane import ControlPlane
 
 T = TypeVar("T")
 
@@ -107,11 +107,7 @@ def create_ready_node(
 
 
 def delete_node(cp: ControlPlane, name: str) -> None:
-    try:
-        cp.request("DELETE", f"/api/v1/nodes/{name}")
-    except APIError as err:
-        if err.status != 404:
-            raise
+    cp.delete_if_present(f"/api/v1/nodes/{name}")
 
 
 def ensure_test_namespace(cp: ControlPlane, namespace: str) -> None:

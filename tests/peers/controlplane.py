@@ -494,6 +494,16 @@ class ControlPlane:
             if err.status != 409:
                 raise
 
+    def delete_if_present(self, path: str, body: Any = None) -> bool:
+        """DELETE ``path``; whether it was there (a 404 means someone deleted it first)."""
+        try:
+            self.request("DELETE", path, body)
+        except APIError as err:
+            if err.status != 404:
+                raise
+            return False
+        return True
+
     def ensure_namespace(self, namespace: str) -> None:
         self.create_if_absent(
             "/api/v1/namespaces",
