@@ -345,9 +345,10 @@ def build(group: PeerGroup, names: Sequence[str], dest: Path, log: TextIO = sys.
                 f"{tail}\n{SUPPLY_HINT}"
             )
         for name in names:
-            # Rename within the same directory: atomic, so a concurrent
-            # reader never sees a partial binary.
-            os.replace(Path(tmp) / name, dest / name)
+            # `go build -o dir/` names each binary after its package's last element. Rename
+            # within the same directory: atomic, so a concurrent reader never sees a partial
+            # binary.
+            os.replace(Path(tmp) / Path(group.packages[name]).name, dest / name)
     print(f"[peers] built {', '.join(names)} in {elapsed:.0f}s", file=log, flush=True)
 
 
