@@ -167,8 +167,13 @@ class ResourceManager:
             self._save()
 
     def reconfigure(self, config: PolicyConfig) -> None:
-        """Apply ``config`` live, under the lock; PolicyError leaves the old one in force."""
-        with self._lock:
+        """Apply ``config`` live; PolicyError leaves the old one in force.
+
+        Under the locks a kubelet request takes, in the same order, after catching up: a
+        configuration must be checked against every claim granted, including those another
+        instance committed during a rolling update.
+        """
+        with instance_lock(self.plugin.sockets.lock), self:
             self._policy.reconfigure(config)
 
     # Internals -------------------------------------------------------------------------

@@ -192,3 +192,23 @@ def test_rolling_update_instances_share_the_books(tmp_path: Path) -> None:
     finally:
         old.manager.stop()
         new.manager.stop()
+
+
+def test_reconfigure_checks_against_the_other_instances_commits(tmp_path: Path) -> None:
+    """During a rolling update a reconfiguration sees what the other instance granted: it
+    may not reserve a CPU that the other instance gave a claim a moment ago."""
+    old, new = Node(tmp_path, "static"), Node(tmp_path, "static")
+    new.cluster = old.cluster
+    old.manager = old.new_manager("pod-old")
+    new.manager = new.new_manager("pod-new")
+    old.manager.start()
+    new.manager.start()
+    try:
+        first = old.add_claim("first", results_for(old))  # cpu005, granted by the old one
+        assert old.manager.plugin.node_prepare([first])["first"].error is None
+        with pytest.raises(PolicyError, match="can't reserve CPUs 5"):
+            new.manager.reconfigure(parse_config({"policy": "static", "reservedCPUs": "5"}))
+        assert 5 not in new.manager.policy.config.reserved_cpus  # type: ignore[attr-defined]
+    finally:
+        old.manager.stop()
+        new.manager.stop()
