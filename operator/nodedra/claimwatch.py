@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError
+from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError, RequestReport
 from nodedra.dra.claims import AllocationResult, ClaimError, claim_ref, claim_results
 from nodedra.policy import Grant
 from nodedra.resmgr import ResourceManager
@@ -88,14 +88,17 @@ class ClaimIndex:
 class StatusWriter:
     """Writes our entries of ``status.devices`` of the claims that changed, in a thread.
 
-    Kubelet requests only enqueue: the kubelet must not wait for a status write.
+    Kubelet requests only enqueue: the kubelet must not wait for a status write. What is
+    written is what the checkpoint holds for the claim, compared with the claim as it was
+    last seen (fetched by the prepare, or delivered by the watch), so that a claim whose
+    status is already right costs no API call at all.
     """
 
     def __init__(self, api: ClusterAPI, manager: ResourceManager, node_name: str) -> None:
         self._api = api
         self._manager = manager
         self._field_manager = f"nodedra-{node_name}"
-        self._queue: queue.SimpleQueue[ClaimRef | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -110,26 +113,24 @@ class StatusWriter:
             self._queue.put(None)
             thread.join()
 
-    def enqueue(self, ref: ClaimRef) -> None:
-        """Bring claim ``ref``'s status up to date soon."""
-        self._queue.put(ref)
+    def enqueue(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> None:
+        """Bring claim ``ref``'s status up to date soon; ``claim`` is how it looks now, if known."""
+        self._queue.put((ref, claim))
 
-    def request_done(
-        self,
-        kind: str,
-        claims: Sequence[ClaimRef],
-        errors: Mapping[str, Exception | None],
-        seconds: float,
-    ) -> None:
+    def request_done(self, report: RequestReport) -> None:
         """After a kubelet request: the claims it changed need their status written."""
-        for ref in claims:
-            if errors.get(ref.uid) is None and ref.name:
-                self.enqueue(ref)
+        for ref in report.claims:
+            if report.errors.get(ref.uid) is None and ref.name:
+                self.enqueue(ref, report.fetched.get(ref.uid))
 
-    def write(self, ref: ClaimRef) -> bool:
-        """Make the claim's status name what we hold for it; whether a write was needed."""
+    def write(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> bool:
+        """Make the claim's status name what we hold for it; whether a write was needed.
+
+        ``claim`` is the claim as last seen; without it, it is read from the API server.
+        """
         try:
-            claim = self._api.get_claim(ref.namespace, ref.name)
+            if claim is None:
+                claim = self._api.get_claim(ref.namespace, ref.name)
             if str(claim.get("metadata", {}).get("uid")) != ref.uid:
                 return False  # replaced or gone: nothing of ours to describe
             results = claim_results(claim, self._manager.driver)
@@ -139,10 +140,7 @@ class StatusWriter:
                     "claim %s: cannot read it for its status: %s", ref, err, extra={"claim": ref}
                 )
             return False
-        with self._manager:
-            held = ref.uid in self._manager.policy.claim_uids()
-            grants = self._manager.policy.grants(ref.uid) if held else ()
-        desired = status_entries(results, grants)
+        desired = status_entries(results, self._manager.committed_grants(ref.uid))
         current = [
             d
             for d in (claim.get("status") or {}).get("devices") or []
@@ -158,11 +156,15 @@ class StatusWriter:
         return True
 
     def _run(self) -> None:
-        while (ref := self._queue.get()) is not None:
+        while (job := self._queue.get()) is not None:
+            ref, claim = job
             try:
-                self.write(ref)
+                self.write(ref, claim)
             except Exception:  # one claim's trouble must not stop the writer
                 log.exception("claim %s: writing its status failed", ref, extra={"claim": ref})
+
+
+_Job = tuple[ClaimRef, Mapping[str, Any] | None]
 
 
 def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:

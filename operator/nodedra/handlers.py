@@ -112,11 +112,21 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.probe(id="nodedra")
 def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    """Shown on the liveness endpoint: whether the kubelet registered us, and claims held."""
+    """Shown on the liveness endpoint for people: readiness's checks, and the claims held.
+
+    The probe only reports: the liveness endpoint answers while the operator runs, since a
+    restart would not help a driver that waits for the kubelet. Readiness is ``/readyz``.
+    """
     runtime: Runtime | None = memo.get("runtime")
     if runtime is None:
         return {"started": False}
-    return {"started": True, "driver": runtime.driver, "claims": len(runtime.index)}
+    ready, checks = runtime.readiness()
+    return {
+        "started": True,
+        "ready": ready,
+        **checks,
+        "claims": len(runtime.manager.committed_claims()),
+    }
 
 
 @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")

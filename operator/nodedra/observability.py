@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from nodedra.dra import ClaimRef, RequestObserver
+from nodedra.dra import ClaimRef, RequestObserver, RequestReport
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -84,6 +86,12 @@ class Metrics:
             "Claims held here whose ResourceClaim is gone from the API server.",
             registry=self.registry,
         )
+        self.observer_errors = Counter(
+            "nodedra_observer_errors",
+            "Failures of those told about kubelet requests (metrics, claim status), by observer.",
+            ["observer"],
+            registry=self.registry,
+        )
         self.config_reloads = Counter(
             "nodedra_config_reloads",
             "Configuration changes seen, by result (applied or refused).",
@@ -92,51 +100,38 @@ class Metrics:
         )
         self.registry.register(_UsageCollector(usage))
 
-    def request_done(
-        self,
-        kind: str,
-        claims: Sequence[ClaimRef],
-        errors: Mapping[str, Exception | None],
-        seconds: float,
-    ) -> None:
+    def request_done(self, report: RequestReport) -> None:
         """Count a kubelet request (the plugin's RequestObserver)."""
-        self.latency.labels(kind).observe(seconds)
-        for ref in claims:
-            result = "error" if errors.get(ref.uid) is not None else "ok"
-            self.requests.labels(kind, result).inc()
-
-    def serve(self, host: str, port: int) -> tuple[int, Callable[[], None]]:
-        """Serve /metrics on ``host:port`` in a thread: the port, and how to stop it."""
-        server, thread = start_http_server(port, host, registry=self.registry)
-
-        def stop() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join()
-
-        return server.server_address[1], stop
+        self.latency.labels(report.kind).observe(report.seconds)
+        for ref in report.claims:
+            result = "error" if report.errors.get(ref.uid) is not None else "ok"
+            self.requests.labels(report.kind, result).inc()
 
 
 class Observers:
-    """Hands each kubelet request to several observers (metrics, claim status)."""
+    """Hands each kubelet request to the metrics and to other observers (claim status).
 
-    def __init__(self, *observers: RequestObserver) -> None:
-        self._observers = list(observers)
+    Each observer is told on its own: one that raises is logged and counted
+    (``nodedra_observer_errors_total``), and the others are told all the same.
+    """
+
+    def __init__(self, metrics: Metrics, *observers: RequestObserver) -> None:
+        self._metrics = metrics
+        self._observers = [metrics, *observers]
 
     def add(self, observer: RequestObserver) -> None:
         """Tell ``observer`` too, from the next request on."""
         self._observers.append(observer)
 
-    def request_done(
-        self,
-        kind: str,
-        claims: Sequence[ClaimRef],
-        errors: Mapping[str, Exception | None],
-        seconds: float,
-    ) -> None:
+    def request_done(self, report: RequestReport) -> None:
         """Tell every observer."""
         for observer in self._observers:
-            observer.request_done(kind, claims, errors, seconds)
+            try:
+                observer.request_done(report)
+            except Exception:
+                name = type(observer).__name__
+                log.exception("observer %s failed on a %s request", name, report.kind)
+                self._metrics.observer_errors.labels(name).inc()
 
 
 class JSONFormatter(logging.Formatter):

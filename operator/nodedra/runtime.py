@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from nodedra import httpserver
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
@@ -126,7 +127,9 @@ class Runtime:
         if settings.watch_claims:
             self.status = StatusWriter(api, self.manager, settings.node_name)
             observers.add(self.status)
-        self.orphans = OrphanTracker(self.index, self._held, settings.orphan_grace)
+        self.orphans = OrphanTracker(
+            self.index, self.manager.committed_claims, settings.orphan_grace
+        )
         self.config = ConfigWatcher(settings.config, self.manager.reconfigure, self._count_reload)
         self._stop_metrics: Callable[[], None] | None = None
 
@@ -163,7 +166,7 @@ class Runtime:
     def _serve_metrics(self, address: str) -> Callable[[], None]:
         host, port = split_address(address)
         try:
-            _, stop = self.metrics.serve(host, port)
+            _, stop = httpserver.serve(host, port, self.metrics.registry, self.readiness)
         except OSError as err:
             raise SettingsError(
                 f"--metrics-address {address}: cannot serve metrics there: {err.strerror or err}"
@@ -175,6 +178,17 @@ class Runtime:
             self._stop_metrics()
             self._stop_metrics = None
 
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the driver can be used on this node now, and the checks that say so."""
+        health = self.manager.plugin.health()
+        return health.ready, {
+            "driver": self.driver,
+            "serving": health.serving,
+            "registered": health.registered,
+            "published": health.published,
+            "problems": list(health.problems),
+        }
+
     def on_slice_event(self) -> None:
         """One of our ResourceSlices changed or went away: check them against ours."""
         self.manager.plugin.resync()
@@ -183,7 +197,7 @@ class Runtime:
         """A ResourceClaim changed: index it, and bring our part of its status up to date."""
         ref = self.index.observe(event_type, claim)
         if ref is not None and self.status is not None:
-            self.status.enqueue(ref)
+            self.status.enqueue(ref, claim)
 
     def periodic(self) -> None:
         """The checks that run every few seconds: the configuration file, orphans."""
@@ -209,10 +223,6 @@ class Runtime:
             return NodeUsage(len(policy.devices()), len(policy.claim_uids()), allocated, free)
         finally:
             self.manager.release()
-
-    def _held(self) -> frozenset[str]:
-        with self.manager:
-            return self.manager.policy.claim_uids()
 
     def _count_reload(self, result: str) -> None:
         self.metrics.config_reloads.labels(result).inc()

@@ -200,6 +200,16 @@ def test_starts_registers_publishes_and_stops_cleanly(
     status, body = nodedra.healthz()
     assert status == 200
     assert json.loads(body)["nodedra"]["started"] is True
+    status, body = nodedra.readyz()
+    assert status == 200, body
+    assert json.loads(body) == {
+        "ready": True,
+        "driver": TOPOLOGY_AWARE,
+        "serving": True,
+        "registered": True,
+        "published": True,
+        "problems": [],
+    }
     assert nodedra.metric("nodedra_devices_published") == DEVICES
     assert nodedra.metric("nodedra_claims_held") == 0
     # Nothing went wrong on the way (kopf's listing of CRDs was an ERROR every few seconds).

@@ -388,6 +388,9 @@ class NodedraProcess:
     def healthz(self) -> tuple[int, str]:
         return http_get(f"http://{LOOPBACK}:{self.health_port}/healthz")
 
+    def readyz(self) -> tuple[int, str]:
+        return http_get(f"http://{LOOPBACK}:{self.metrics_port}/readyz")
+
     def metrics(self) -> str:
         status, body = http_get(f"http://{LOOPBACK}:{self.metrics_port}/metrics")
         if status != 200:

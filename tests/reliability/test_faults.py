@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from nodedra.dra import ClaimRef, KubeAPIError, KubeClusterAPI, RecoverableError
+from nodedra.dra import KubeAPIError, KubeClusterAPI, RecoverableError, RequestReport
 from nodedra.dra.publisher import SlicePublisher
 from nodedra.dra.slices import SliceApplier
 from nodedra.policy import PolicyError, parse_config
@@ -68,15 +68,9 @@ class Requests:
         self.kinds: list[str] = []
         self._lock = threading.Lock()
 
-    def request_done(
-        self,
-        kind: str,
-        claims: Sequence[ClaimRef],
-        errors: Any,
-        seconds: float,
-    ) -> None:
+    def request_done(self, report: RequestReport) -> None:
         with self._lock:
-            self.kinds.append(kind)
+            self.kinds.append(report.kind)
 
     def count(self, kind: str) -> int:
         with self._lock:

@@ -309,6 +309,9 @@ def test_daemonset_pod_settings() -> None:
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     assert probe["port"] in ("health", 8080)
+    ready = container["readinessProbe"]["httpGet"]
+    assert ready["path"] == "/readyz"
+    assert ready["port"] in ("metrics", 9464)
 
 
 def test_daemonset_security_context() -> None:

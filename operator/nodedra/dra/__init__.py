@@ -16,7 +16,15 @@ from .names import (
     container_claims,
     driver_name,
 )
-from .plugin import ClaimPolicy, Options, Owner, Plugin, RequestObserver
+from .plugin import (
+    ClaimPolicy,
+    Options,
+    Owner,
+    Plugin,
+    PluginHealth,
+    RequestObserver,
+    RequestReport,
+)
 from .results import PreparedDevice, PrepareResult
 
 __all__ = [
@@ -35,10 +43,12 @@ __all__ = [
     "Options",
     "Owner",
     "Plugin",
+    "PluginHealth",
     "PrepareResult",
     "PreparedDevice",
     "RecoverableError",
     "RequestObserver",
+    "RequestReport",
     "claim_configs",
     "claim_of_cdi_device",
     "container_claims",

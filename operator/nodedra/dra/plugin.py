@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -107,17 +107,44 @@ class ClaimPolicy(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PluginHealth:
+    """What an admin (and a readiness probe) needs to know about the plugin."""
+
+    serving: bool
+    """The gRPC servers run and claims are allowed."""
+    registered: bool
+    """The kubelet told us it registered the driver."""
+    published: bool
+    """The node's ResourceSlices are on the API server."""
+    problems: tuple[str, ...] = ()
+    """Why any of the above is not so, as far as known."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the kubelet can use the driver now."""
+        return self.serving and self.registered and self.published
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    """How one kubelet request went, for those observing the plugin."""
+
+    kind: str
+    """``"prepare"`` or ``"unprepare"``."""
+    claims: tuple[ClaimRef, ...]
+    errors: Mapping[str, Exception | None]
+    """Claim UID -> why it failed, or None."""
+    seconds: float
+    fetched: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Claim UID -> the claim as the API server gave it for this request (prepare only)."""
+
+
 class RequestObserver(Protocol):
     """Someone who wants to know how kubelet requests went."""
 
-    def request_done(
-        self,
-        kind: str,
-        claims: Sequence[ClaimRef],
-        errors: Mapping[str, Exception | None],
-        seconds: float,
-    ) -> None:
-        """``kind`` ("prepare" or "unprepare") of ``claims`` ended with ``errors`` by UID.
+    def request_done(self, report: RequestReport) -> None:
+        """A kubelet request was answered.
 
         Called on the request's thread after the owner's lock is released: it must be quick
         and must not call back into the plugin's requests.
@@ -292,6 +319,32 @@ class Plugin:
 
     # Errors and health ---------------------------------------------------------------
 
+    def health(self) -> PluginHealth:
+        """Whether the plugin serves, is registered and has published, and what is wrong."""
+        with self._mu:
+            servers, publisher = self._servers, self._publisher
+        if servers is None or publisher is None:
+            return PluginHealth(False, False, False, ("not started",))
+        problems = []
+        serving = self._allowed.is_set()
+        if not serving:
+            problems.append("claims are not allowed yet (the owner is synchronizing)")
+        registered, refusal = servers.registered()
+        if not registered:
+            problems.append(
+                f"the kubelet refused the driver: {refusal}"
+                if refusal
+                else f"not registered with the kubelet yet (socket {self._paths.registration})"
+            )
+        published, error = publisher.state()
+        if not published:
+            problems.append(
+                f"publishing ResourceSlices failed: {error}"
+                if error
+                else "ResourceSlices not published yet"
+            )
+        return PluginHealth(serving, registered, published, tuple(problems))
+
     def handle_error(self, err: Exception, msg: str) -> None:
         """Handle a failure in the background: log a recoverable one, shut down on others.
 
@@ -319,12 +372,14 @@ class Plugin:
     def node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Serve NodePrepareResources: fetch the claims, then prepare them under the lock."""
         started = time.monotonic()
+        fetched: dict[str, Mapping[str, Any]] = {}
         try:
-            answers = self._node_prepare(claims)
+            answers = self._node_prepare(claims, fetched)
         except NotServingClaimsError as err:
             self._observe("prepare", claims, dict.fromkeys((r.uid for r in claims), err), started)
             raise
-        self._observe("prepare", claims, {u: a.error for u, a in answers.items()}, started)
+        errors = {u: a.error for u, a in answers.items()}
+        self._observe("prepare", claims, errors, started, fetched)
         return answers
 
     def node_unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
@@ -340,11 +395,13 @@ class Plugin:
         self._observe("unprepare", claims, answers, started)
         return answers
 
-    def _node_prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def _node_prepare(
+        self, claims: Sequence[ClaimRef], fetched: dict[str, Mapping[str, Any]]
+    ) -> dict[str, PrepareResult]:
+        """Prepare ``claims``; ``fetched`` receives each claim the API server gave us."""
         self._check_allowed()
         refs = list(dict.fromkeys(claims))  # a claim named twice is one claim
         answers = {uid: PrepareResult(error=err) for uid, err in _conflicts(refs).items()}
-        fetched: list[Mapping[str, Any]] = []
         todo = [ref for ref in refs if ref.uid not in answers]
         # Outside the lock, since API calls must not hold up other requests; side by side,
         # since a pod's claims come in one request and each GET is a round trip.
@@ -353,9 +410,9 @@ class Plugin:
                 log.error("%s", claim, extra={"claim": ref})
                 answers[ref.uid] = PrepareResult(error=claim)
             else:
-                fetched.append(claim)
+                fetched[ref.uid] = claim
         with instance_lock(self._paths.lock):
-            prepared = self.prepare_resource_claims(fetched) if fetched else {}
+            prepared = self.prepare_resource_claims(list(fetched.values())) if fetched else {}
         for ref in refs:
             if ref.uid not in answers:  # fetched, so checked to be the claim of that UID
                 answers[ref.uid] = prepared[ref.uid]
@@ -367,12 +424,16 @@ class Plugin:
         claims: Sequence[ClaimRef],
         errors: Mapping[str, Exception | None],
         started: float,
+        fetched: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         observer = self._options.observer
         if observer is None:
             return
+        report = RequestReport(
+            kind, tuple(claims), errors, time.monotonic() - started, fetched or {}
+        )
         try:
-            observer.request_done(kind, claims, errors, time.monotonic() - started)
+            observer.request_done(report)
         except Exception:  # an observer's bug must not fail the kubelet's request
             log.exception("the %s observer failed", kind)
 

@@ -46,6 +46,8 @@ class SlicePublisher:
         self._version = 0  # bumped by every publish() and resync()
         self._synced_version = -1
         self._last_report: ApplyReport | None = None
+        self._last_error: Exception | None = None
+        """Why the last pass failed; None once a pass has succeeded since."""
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -89,6 +91,16 @@ class SlicePublisher:
                 return self._last_report
             return None
 
+    def state(self) -> tuple[bool, str | None]:
+        """Whether a pass has succeeded and none failed since, and the last failure if any.
+
+        What readiness needs to know: the node's devices are on the API server (perhaps not
+        the newest change yet, which is seconds away), or why they are not.
+        """
+        with self._cond:
+            error = None if self._last_error is None else str(self._last_error)
+            return self._last_report is not None and error is None, error
+
     def _run(self) -> None:
         backoff = self._min_backoff
         while True:
@@ -105,6 +117,7 @@ class SlicePublisher:
             except Exception as err:  # every failure of a pass is retried
                 self._on_error(RecoverableError(err), "publishing ResourceSlices failed")
                 with self._cond:
+                    self._last_error = err
                     # New devices or a resync (a watch event: the server is back) end the
                     # wait early; the backoff keeps growing until a pass succeeds.
                     self._cond.wait_for(functools.partial(self._retry_now, version), backoff)
@@ -116,6 +129,7 @@ class SlicePublisher:
             with self._cond:
                 self._synced_version = version
                 self._last_report = report
+                self._last_error = None
                 self._cond.notify_all()
 
     def _retry_now(self, failed_version: int) -> bool:

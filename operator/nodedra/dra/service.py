@@ -238,6 +238,13 @@ class PluginServers:
         self._monitor.daemon = True
         self._monitor.start()
 
+    def registered(self) -> tuple[bool, str | None]:
+        """Whether the kubelet said it registered us, and why not if it refused."""
+        status = self.registration.status
+        if status is None:
+            return False, None
+        return status.plugin_registered, status.error or None
+
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Leave the registry, finish the requests in flight, remove our own sockets."""
         self._stopped.set()

@@ -14,13 +14,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kubernetes import client as k8s
 
 from nodedra.dra import ClusterAPI, Options, Plugin, RequestObserver, driver_name
 from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, instance_lock
-from nodedra.policy import Policy, PolicyConfig
+from nodedra.policy import Grant, Policy, PolicyConfig
 
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
 
@@ -59,7 +60,9 @@ class ResourceManager:
         plugin_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / self.driver)
         self.checkpoint = Checkpoint(Path(options.state_dir or plugin_dir) / FILE_NAME)
         self._saved: tuple[int, int] | None = None
-        """The checkpoint file we wrote last; None until the first start."""
+        """The checkpoint file we wrote or read last; None until the first start."""
+        self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
+        """What the checkpoint holds as of ``_saved``, readable without the lock."""
         self.plugin = Plugin(
             self.driver,
             Options(
@@ -124,6 +127,28 @@ class ResourceManager:
         log.error("shutdown requested: %s", reason)
         self._on_shutdown(reason)
 
+    # Reading what is committed, without the lock ---------------------------------------
+
+    def committed_grants(self, uid: str) -> tuple[Grant, ...]:
+        """What claim ``uid`` holds as last committed; () if nothing.
+
+        Readers outside kubelet requests (the claim status writer, the orphan check) need
+        what is durable, not what a request in flight is deciding, so they do not wait for
+        the lock: the view is replaced on every commit. Only when another instance may have
+        committed since (rolling updates) is the lock taken, to catch up first.
+        """
+        return self._committed_view().get(uid, ())
+
+    def committed_claims(self) -> frozenset[str]:
+        """The UIDs of the claims held as last committed (see :meth:`committed_grants`)."""
+        return frozenset(self._committed_view())
+
+    def _committed_view(self) -> Mapping[str, tuple[Grant, ...]]:
+        if self.plugin.sockets.lock is not None and self.checkpoint.identity() != self._saved:
+            with self:  # catches up with the other instance's commits
+                pass
+        return self._committed
+
     # The PolicyHost protocol -----------------------------------------------------------
 
     def publish_devices(self, devices: Sequence[Mapping[str, Any]]) -> None:
@@ -181,6 +206,12 @@ class ResourceManager:
     def _save(self) -> None:
         self.checkpoint.save(State(self._policy.name, self.driver, self._policy.snapshot()))
         self._saved = self.checkpoint.identity()
+        self._take_view()
+
+    def _take_view(self) -> None:
+        """Make what the policy holds now the view of what is committed (lock held)."""
+        policy = self._policy
+        self._committed = MappingProxyType({u: policy.grants(u) for u in policy.claim_uids()})
 
     def _catch_up(self) -> None:
         """Take back the checkpoint if another instance replaced it (rolling updates only)."""
@@ -194,6 +225,7 @@ class ResourceManager:
             self._check_owner(state)
             self._policy.restore(state.claims)
         self._saved = current
+        self._take_view()
         log.info("took back the claims another instance of %s committed", self.driver)
 
     def _check_owner(self, state: State) -> None:

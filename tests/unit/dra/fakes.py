@@ -105,6 +105,8 @@ class FakeCluster:
         self.nodes = {node: str(uuid.uuid4())}
         self.slices: dict[str, dict[str, Any]] = {}
         self.writes: list[tuple[str, str]] = []
+        self.gets = 0
+        """ResourceClaim GETs served."""
         self.fail_next: list[KubeAPIError] = []
         self.keeps_list_attributes = False
         self.status_owners: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
@@ -118,6 +120,7 @@ class FakeCluster:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         self._maybe_fail()
+        self.gets += 1
         try:
             return copy.deepcopy(self.claims[(namespace, name)])
         except KeyError:

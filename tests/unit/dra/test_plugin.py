@@ -6,8 +6,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from grpc_gen import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from nodedra.dra import (
     ClaimError,
     ClaimRef,
@@ -20,6 +22,7 @@ from nodedra.dra import (
     RecoverableError,
 )
 from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
+from tests.peers.cluster import poll
 from tests.unit.dra.fakes import (
     DRIVER,
     NODE,
@@ -170,6 +173,46 @@ def test_start_twice_stop_idempotent_restart(rig: Rig) -> None:
     finally:
         rig.plugin.stop()
     assert rig.cluster.slices, "stopping keeps the slices"
+
+
+def test_health_says_what_is_missing(rig: Rig) -> None:
+    """Ready takes all three: served, registered by the kubelet, slices published."""
+    assert rig.plugin.health().problems == ("not started",)
+    rig.cluster.fail_next = [KubeAPIError(503, "etcd is down")] * 50
+    rig.plugin.start()
+    try:
+        failing = poll(
+            lambda: h if "etcd is down" in " ".join((h := rig.plugin.health()).problems) else None,
+            30,
+            lambda: f"a failed publication in {rig.plugin.health()}",
+        )
+        assert not failing.ready
+        assert failing.problems == (
+            "claims are not allowed yet (the owner is synchronizing)",
+            f"not registered with the kubelet yet (socket {rig.plugin.sockets.registration})",
+            "publishing ResourceSlices failed: (503) etcd is down",
+        )
+        rig.cluster.fail_next = []
+        rig.plugin.resync()
+        assert rig.plugin.wait_published(30) is not None
+        rig.plugin.allow_claims()
+        # What the kubelet's plugin watcher does with a registration socket.
+        with grpc.insecure_channel(f"unix:{rig.plugin.sockets.registration}") as channel:
+            registration = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+            registration.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=10)
+            refused = pluginregistration_v1_pb2.RegistrationStatus(
+                plugin_registered=False, error="no handler"
+            )
+            registration.NotifyRegistrationStatus(refused, timeout=10)
+            assert rig.plugin.health().problems == ("the kubelet refused the driver: no handler",)
+            accepted = pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True)
+            registration.NotifyRegistrationStatus(accepted, timeout=10)
+        health = rig.plugin.health()
+        assert health.ready
+        assert health.problems == ()
+    finally:
+        rig.plugin.stop()
+    assert rig.plugin.health().problems == ("not started",)
 
 
 def test_watch_health_status_declines(rig: Rig) -> None:

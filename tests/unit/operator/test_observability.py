@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import generate_latest
 
-from nodedra.dra import ClaimRef
-from nodedra.observability import JSONFormatter, Metrics, NodeUsage, TextFormatter
+from nodedra import httpserver
+from nodedra.dra import ClaimRef, RequestReport
+from nodedra.observability import JSONFormatter, Metrics, NodeUsage, Observers, TextFormatter
 
 REF = ClaimRef("ns", "name", "uid-1")
 
@@ -53,8 +56,9 @@ def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) ->
 def test_request_metrics() -> None:
     metrics = Metrics()
     other = ClaimRef("ns", "b", "uid-2")
-    metrics.request_done("prepare", [REF, other], {"uid-1": None, "uid-2": ValueError("x")}, 0.02)
-    metrics.request_done("unprepare", [REF], {"uid-1": None}, 0.001)
+    errors = {"uid-1": None, "uid-2": ValueError("x")}
+    metrics.request_done(RequestReport("prepare", (REF, other), errors, 0.02))
+    metrics.request_done(RequestReport("unprepare", (REF,), {"uid-1": None}, 0.001))
     assert sample(metrics, "nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
     assert sample(metrics, "nodedra_requests_total", {"kind": "prepare", "result": "error"}) == 1
     assert sample(metrics, "nodedra_requests_total", {"kind": "unprepare", "result": "ok"}) == 1
@@ -63,6 +67,39 @@ def test_request_metrics() -> None:
         sample(metrics, "nodedra_request_seconds_bucket", {"kind": "prepare", "le": "0.025"}) == 1
     )
     assert sample(metrics, "nodedra_request_seconds_bucket", {"kind": "prepare", "le": "0.01"}) == 0
+
+
+class Failing:
+    """An observer with a bug."""
+
+    def request_done(self, report: RequestReport) -> None:
+        raise RuntimeError("observer bug")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.reports: list[RequestReport] = []
+
+    def request_done(self, report: RequestReport) -> None:
+        self.reports.append(report)
+
+
+def test_an_observer_that_fails_is_counted_and_the_others_are_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    after = Recorder()
+    observers = Observers(metrics, Failing())
+    observers.add(after)
+    report = RequestReport("prepare", (REF,), {"uid-1": None}, 0.01)
+    with caplog.at_level(logging.ERROR):
+        observers.request_done(report)
+        observers.request_done(report)
+    assert after.reports == [report, report]
+    assert sample(metrics, "nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 2
+    assert sample(metrics, "nodedra_observer_errors_total", {"observer": "Failing"}) == 2
+    assert "observer Failing failed on a prepare request" in caplog.text
+    assert "observer bug" in caplog.text
 
 
 def test_usage_is_read_at_scrape_time() -> None:
@@ -75,13 +112,23 @@ def test_usage_is_read_at_scrape_time() -> None:
     assert sample(metrics, "nodedra_devices_published") == 4
 
 
-def test_metrics_endpoint() -> None:
+def test_metrics_and_readiness_endpoints() -> None:
     metrics = Metrics()
     metrics.orphans.set(2)
-    port, stop = metrics.serve("127.0.0.1", 0)
+    state = {"ready": False}
+    port, stop = httpserver.serve(
+        "127.0.0.1", 0, metrics.registry, lambda: (state["ready"], {"problems": ["x"]})
+    )
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert refused.value.code == 503
+        assert json.loads(refused.value.read()) == {"ready": False, "problems": ["x"]}
+        state["ready"] = True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+            assert json.loads(response.read())["ready"] is True
     finally:
         stop()
     assert "nodedra_orphan_claims 2.0" in text

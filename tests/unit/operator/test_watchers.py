@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
-from nodedra.dra import ClaimRef
+from nodedra.dra import ClaimRef, RequestReport
 from nodedra.policy import PolicyConfig
 from nodedra.topology import format_cpu_list
 from tests.unit.dra.fakes import NODE, make_claim, result
@@ -99,21 +100,65 @@ def test_status_of_a_replaced_or_missing_claim_is_not_written(node: Node) -> Non
     assert not [w for w in node.cluster.writes if w[0] == "status"]
 
 
+def prepared(ref: ClaimRef, claim: dict[str, object] | None = None) -> RequestReport:
+    """The report of a prepare of ``ref`` that went well."""
+    fetched = {ref.uid: claim} if claim is not None else {}
+    return RequestReport("prepare", (ref,), {ref.uid: None}, 0.01, fetched)
+
+
 def test_status_writer_thread_writes_after_requests(node: Node) -> None:
     ref = node.add_claim(
         "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
     )
     writer = StatusWriter(node.cluster, node.manager, NODE)
     writer.start()
-    writer.request_done("prepare", [ref], {"u1": None}, 0.01)
+    writer.request_done(prepared(ref))
     writer.stop()  # finishes what is queued
     assert ("status", "claim-u1") not in node.cluster.writes, "not prepared: nothing to write"
     node.manager.plugin.node_prepare([ref])
     writer = StatusWriter(node.cluster, node.manager, NODE)
     writer.start()
-    writer.request_done("prepare", [ref], {"u1": None}, 0.01)
+    writer.request_done(prepared(ref))
     writer.stop()
     assert ("status", "claim-u1") in node.cluster.writes
+
+
+class Recorder:
+    """Keeps the plugin's request reports."""
+
+    def __init__(self) -> None:
+        self.reports: list[RequestReport] = []
+
+    def request_done(self, report: RequestReport) -> None:
+        self.reports.append(report)
+
+
+def test_status_after_a_prepare_reuses_its_claim_and_waits_for_no_lock(node: Node) -> None:
+    """The plugin fetched the claim and the checkpoint has its grants: writing the status
+    reads the claim no second time and does not wait for a kubelet request in flight."""
+    node.manager.stop()
+    recorder = Recorder()
+    node.manager = node.new_manager(observer=recorder)
+    node.manager.start()
+    ref = node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "2"})]
+    )
+    node.manager.plugin.node_prepare([ref])
+    (report,) = recorder.reports
+    claim = report.fetched["u1"]
+    assert claim["metadata"]["uid"] == "u1"
+    gets = node.cluster.gets
+    writer = StatusWriter(node.cluster, node.manager, NODE)
+    written: list[bool] = []
+    with node.manager:  # a kubelet request in flight holds the lock
+        worker = threading.Thread(target=lambda: written.append(writer.write(ref, claim)))
+        worker.start()
+        worker.join(timeout=30)
+        assert written == [True], "the status write waited for the lock, or wrote nothing"
+    assert node.cluster.gets == gets, "the claim was read again"
+    (entry,) = node.cluster.claims[("default", "claim-u1")]["status"]["devices"]
+    (grant,) = node.manager.policy.grants("u1")
+    assert entry["data"]["cpus"] == format_cpu_list(grant.cpus)
 
 
 def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:

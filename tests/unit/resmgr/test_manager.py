@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nodedra.dra import ClaimRef, driver_name
+from nodedra.dra import ClaimRef, RequestObserver, driver_name
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
@@ -29,7 +29,9 @@ class Node:
         self.config = parse_config({"policy": policy, **config})
         self.manager = self.new_manager()
 
-    def new_manager(self, rolling_update_uid: str | None = None) -> ResourceManager:
+    def new_manager(
+        self, rolling_update_uid: str | None = None, observer: RequestObserver | None = None
+    ) -> ResourceManager:
         """A manager as a restarted process would build it, on the same directories."""
         return ResourceManager(
             make_policy(topology(SHAPE), self.config),
@@ -41,6 +43,7 @@ class Node:
                 plugin_data_dir=self.tmp / "plugin",
                 cdi_dir=self.tmp / "cdi",
                 rolling_update_uid=rolling_update_uid,
+                observer=observer,
             ),
             self.shutdowns.append,
         )
