@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from grpc_gen import dra_health_v1alpha1_pb2 as grpc__gen_dot_dra__health__v1alpha1__pb2
+from nodedra.grpc_gen import dra_health_v1alpha1_pb2 as nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in grpc_gen/dra_health_v1alpha1_pb2_grpc.py depends on'
+        + ' but the generated code in nodedra/grpc_gen/dra_health_v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class DRAResourceHealthStub:
         """
         self.NodeWatchResources = channel.unary_stream(
                 '/v1alpha1.DRAResourceHealth/NodeWatchResources',
-                request_serializer=grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
-                response_deserializer=grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
+                request_serializer=nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeWatchResources': grpc.unary_stream_rpc_method_handler(
                     servicer.NodeWatchResources,
-                    request_deserializer=grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.FromString,
-                    response_serializer=grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.SerializeToString,
+                    request_deserializer=nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.FromString,
+                    response_serializer=nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class DRAResourceHealth:
             request,
             target,
             '/v1alpha1.DRAResourceHealth/NodeWatchResources',
-            grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
-            grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
+            nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+            nodedra_dot_grpc__gen_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from grpc_gen import dra_v1_pb2 as grpc__gen_dot_dra__v1__pb2
+from nodedra.grpc_gen import dra_v1_pb2 as nodedra_dot_grpc__gen_dot_dra__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in grpc_gen/dra_v1_pb2_grpc.py depends on'
+        + ' but the generated code in nodedra/grpc_gen/dra_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class DRAPluginStub:
         """
         self.NodePrepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-                request_serializer=grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
-                response_deserializer=grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
+                request_serializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
+                response_deserializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
                 _registered_method=True)
         self.NodeUnprepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-                request_serializer=grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                response_deserializer=grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
+                request_serializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+                response_deserializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -68,13 +68,13 @@ def add_DRAPluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodePrepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodePrepareResources,
-                    request_deserializer=grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.FromString,
-                    response_serializer=grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.SerializeToString,
+                    request_deserializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.FromString,
+                    response_serializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.SerializeToString,
             ),
             'NodeUnprepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnprepareResources,
-                    request_deserializer=grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.FromString,
-                    response_serializer=grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.SerializeToString,
+                    request_deserializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -102,8 +102,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-            grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
-            grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
+            nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
+            nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -129,8 +129,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-            grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-            grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
+            nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+            nodedra_dot_grpc__gen_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,7 @@ kubelet's wire definition; the package line forms the gRPC method paths.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from grpc_gen import dra_v1_pb2 as _dra_v1_pb2
+from nodedra.grpc_gen import dra_v1_pb2 as _dra_v1_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

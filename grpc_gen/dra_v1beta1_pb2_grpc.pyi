@@ -9,7 +9,7 @@ method paths.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from grpc_gen import dra_v1beta1_pb2 as _dra_v1beta1_pb2
+from nodedra.grpc_gen import dra_v1beta1_pb2 as _dra_v1beta1_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -7,35 +7,53 @@ regenerates them into a scratch directory and fails when they differ from what i
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-PACKAGE = "grpc_gen"
+FOLDER = "grpc_gen"
+"""Where the .proto files and the generated modules are kept in the repository."""
+PACKAGE = "nodedra.grpc_gen"
+"""What they are installed as (the folder is linked into nodedra's package tree)."""
 
 
 def proto_files(root: Path) -> list[Path]:
-    """The .proto files of the package under ``root``, relative to ``root``."""
-    return sorted(p.relative_to(root) for p in (root / PACKAGE).glob("*.proto"))
+    """The .proto files of the folder under ``root``, relative to ``root``."""
+    return sorted(p.relative_to(root) for p in (root / FOLDER).glob("*.proto"))
 
 
 def generate(root: Path, out: Path) -> None:
     """Generate messages, gRPC stubs and their type stubs for ``root``'s protos into ``out``.
 
-    ``out`` receives ``grpc_gen/<name>_pb2*.py[i]``, laid out like the package itself.
+    ``out`` receives ``grpc_gen/<name>_pb2*.py[i]``, laid out like the folder itself. The
+    protos are compiled as files of the installed package (``nodedra/grpc_gen/...``), so
+    that the generated modules import each other as ``nodedra.grpc_gen``.
     """
     from grpc_tools import protoc  # noqa: PLC0415 (a development dependency only)
 
-    args = [
-        "grpc_tools.protoc",
-        f"--proto_path={root}",
-        f"--python_out={out}",
-        f"--grpc_python_out={out}",
-        f"--mypy_out={out}",
-        f"--mypy_grpc_out={out}",
-        *(str(root / p) for p in proto_files(root)),
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed: {' '.join(args)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        staged = Path(scratch) / "in"
+        package = staged / PACKAGE.replace(".", "/")
+        package.mkdir(parents=True)
+        for proto in proto_files(root):
+            shutil.copy(root / proto, package / proto.name)
+        generated = Path(scratch) / "out"
+        generated.mkdir()
+        args = [
+            "grpc_tools.protoc",
+            f"--proto_path={staged}",
+            f"--python_out={generated}",
+            f"--grpc_python_out={generated}",
+            f"--mypy_out={generated}",
+            f"--mypy_grpc_out={generated}",
+            *(str(p) for p in sorted(package.glob("*.proto"))),
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed: {' '.join(args)}")
+        (out / FOLDER).mkdir(parents=True, exist_ok=True)
+        for module in (generated / PACKAGE.replace(".", "/")).iterdir():
+            shutil.copy(module, out / FOLDER / module.name)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ the package line forms the gRPC method paths and must stay as it is.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from grpc_gen import pluginregistration_v1_pb2 as _pluginregistration_v1_pb2
+from nodedra.grpc_gen import pluginregistration_v1_pb2 as _pluginregistration_v1_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -22,13 +22,11 @@ from typing import Any
 
 import kopf
 
+from nodedra.dra.kube import RESOURCE_GROUP, RESOURCE_VERSION
 from nodedra.runtime import Runtime
 from nodedra.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
-
-RESOURCE_GROUP = "resource.k8s.io"
-RESOURCE_VERSION = "v1"
 
 
 class Shutdown:

@@ -21,7 +21,6 @@ from nodedra import httpserver
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
-from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
 from nodedra.observability import Metrics, NodeUsage, Observers
 from nodedra.policy import PolicyConfig, load_config, make_policy
 from nodedra.resmgr import ManagerOptions, ResourceManager
@@ -96,14 +95,6 @@ class Runtime:
         self.driver = driver_name(policy.name)
         self.api_client = api_client or kube_client(settings)
         self.server_version = check_api_server(self.api_client)
-        self.plugin_dir = settings.plugin_dir or KUBELET_PLUGINS_DIR / self.driver
-        for directory, what in (
-            (settings.registry_dir or KUBELET_REGISTRY_DIR, "--registry-dir"),
-            (self.plugin_dir, "--plugin-dir"),
-            (settings.cdi_dir or Path("/var/run/cdi"), "--cdi-dir"),
-            (settings.state_dir or self.plugin_dir, "--state-dir"),
-        ):
-            check_writable(Path(directory), what)
         api = KubeClusterAPI(self.api_client)
         self.metrics = Metrics(self.usage)
         self.index = ClaimIndex(self.driver, settings.node_name)
@@ -115,7 +106,7 @@ class Runtime:
                 node_name=settings.node_name,
                 state_dir=settings.state_dir,
                 registrar_dir=settings.registry_dir,
-                plugin_data_dir=self.plugin_dir,
+                plugin_data_dir=settings.plugin_dir,
                 cdi_dir=settings.cdi_dir,
                 rolling_update_uid=settings.pod_uid,
                 resync_period=settings.resync_period,
@@ -123,6 +114,14 @@ class Runtime:
             ),
             on_shutdown,
         )
+        plugin = self.manager.plugin
+        for directory, what in (
+            (plugin.sockets.registration.parent, "--registry-dir"),
+            (plugin.plugin_data_dir, "--plugin-dir"),
+            (plugin.cdi.directory, "--cdi-dir"),
+            (self.manager.checkpoint.path.parent, "--state-dir"),
+        ):
+            check_writable(directory, what)
         self.status: StatusWriter | None = None
         if settings.watch_claims:
             self.status = StatusWriter(api, self.manager, settings.node_name)

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc
 from nodedra.dra import KubeAPIError, KubeClusterAPI, Options, Plugin, driver_name
+from nodedra.grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc
+from nodedra.lib.quantity import parse_quantity
 from nodedra.policy import make_policy, parse_config
-from nodedra.quantity import parse_quantity
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.conftest import GoDriverFactory, KubeletFactory

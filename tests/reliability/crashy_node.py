@@ -14,7 +14,7 @@ the claims listed in ROOT/claims.json through a fake of our ClusterAPI protocol;
 Every step prints one JSON line and flushes it, so what the test reads tells how far the
 process got: {"event": "started"}, then per OP {"event": "begin", "op": OP} and
 {"op": OP, "result": ...}, and {"event": "stopped"} after a clean stop. With
-NODEDRA_CRASH_AT set to a crash point the process SIGKILLs itself there (nodedra.dra.faults).
+NODEDRA_CRASH_AT set to a crash point the process SIGKILLs itself there (nodedra.lib.faults).
 A start that fails prints {"event": "refused", "error": ...} and exits with status 3.
 """
 

@@ -22,9 +22,9 @@ from typing import Any, cast
 import grpc
 import yaml
 
-from grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from nodedra.dra import ClaimRef, ClusterAPI, PrepareResult, RequestObserver
 from nodedra.dra import driver_name as policy_driver
+from nodedra.grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from nodedra.policy import ExclusiveCPUPolicy, make_policy, parse_config
 from nodedra.policy.ledger import env_suffix
 from nodedra.resmgr import ManagerOptions, ResourceManager
@@ -270,8 +270,9 @@ def state_of(manager: ResourceManager) -> dict[str, Any]:
             "specs": {uid: spec_cpusets(cdi.spec_path(uid)) for uid in cdi.claim_uids()},
             "stray_files": sorted(
                 p.name
-                for p in (cdi.directory.iterdir() if cdi.directory.is_dir() else ())
-                if p.name.startswith(".") or p.suffix == ".tmp"
+                for directory in (cdi.directory, manager.checkpoint.path.parent)
+                for p in (directory.iterdir() if directory.is_dir() else ())
+                if p.suffix == ".tmp"
             ),
         }
 
@@ -289,7 +290,7 @@ def check_state(state: Mapping[str, Any], *, every_claim_has_a_spec: bool = True
     The checkpoint is what the policy holds; no CPU is in two claims; no CPU is lost (every
     grantable CPU is free or held, never both) and none reserved is held; every CDI spec on
     disk is that of a claim held and tells its containers the CPUs the claim holds; nothing
-    half-written is left in the CDI directory. And unless ``every_claim_has_a_spec`` is
+    half-written is left in the CDI or state directory. And unless ``every_claim_has_a_spec`` is
     false, every claim held has its spec: only a crash between the commit and the spec's
     write (or a reboot, which empties the CDI directory) leaves a claim without one, for
     the kubelet's retry to write.
@@ -322,7 +323,7 @@ def check_state(state: Mapping[str, Any], *, every_claim_has_a_spec: bool = True
         assert set(state["specs"]) == set(claims), "claims held have no CDI spec"
     for uid, cpusets in state["specs"].items():
         assert cpusets == [format_cpu_list(c) for c in held_cpus(claims)[uid]], uid
-    assert state["stray_files"] == [], "half-written files are left in the CDI directory"
+    assert state["stray_files"] == [], "half-written files are left behind"
 
 
 # --- the plugin's gRPC socket ---------------------------------------------------------------

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from nodedra.dra import ClaimError, ClaimRef, claim_configs, claim_of_cdi_device
 from nodedra.dra.claims import claim_results
 from nodedra.dra.names import qualified_cdi_device
-from nodedra.quantity import parse_quantity
+from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import parse_cpu_list
 from tests.reliability.helpers import (
     OTHER_DRIVER_RESULT,

@@ -6,16 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from grpc_gen import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
-from grpc_gen.generate import PACKAGE, generate
+from grpc_gen.generate import FOLDER, generate
+from nodedra.grpc_gen import (
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_generated_modules_match_the_protos(tmp_path: Path) -> None:
     generate(REPO, tmp_path)
-    fresh = {p.name: p.read_bytes() for p in (tmp_path / PACKAGE).iterdir()}
-    committed = {p.name: p.read_bytes() for p in (REPO / PACKAGE).iterdir() if "_pb2" in p.name}
+    fresh = {p.name: p.read_bytes() for p in (tmp_path / FOLDER).iterdir()}
+    committed = {p.name: p.read_bytes() for p in (REPO / FOLDER).iterdir() if "_pb2" in p.name}
     assert sorted(fresh) == sorted(committed), "generated files differ: run `tox -e gen`"
     stale = [name for name in fresh if fresh[name] != committed[name]]
     assert stale == [], f"{stale} are stale: run `tox -e gen` and commit the result"

@@ -25,6 +25,10 @@ def loaded_by(module: str) -> set[str]:
 @pytest.mark.parametrize(
     ("module", "forbidden"),
     [
+        (
+            "nodedra.lib",
+            {"nodedra.topology", "nodedra.policy", "nodedra.dra", "grpc", "kopf", "kubernetes"},
+        ),
         ("nodedra.topology", {"nodedra.policy", "nodedra.dra", "grpc", "kopf", "kubernetes"}),
         ("nodedra.policy", {"nodedra.dra", "nodedra.resmgr", "grpc", "kopf", "kubernetes"}),
         ("nodedra.dra", {"nodedra.policy", "nodedra.resmgr", "nodedra.handlers", "kopf"}),

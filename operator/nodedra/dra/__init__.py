@@ -22,6 +22,7 @@ from .plugin import (
     Owner,
     Plugin,
     PluginHealth,
+    PluginSettings,
     RequestObserver,
     RequestReport,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "Owner",
     "Plugin",
     "PluginHealth",
+    "PluginSettings",
     "PrepareResult",
     "PreparedDevice",
     "RecoverableError",

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+
+from nodedra.lib import faults
+from nodedra.lib.durable import fsync_directory, remove_leftovers, replace_file
 
 from .names import (
     CDI_CLASS,
@@ -55,7 +57,7 @@ _Check = Callable[[object, str], Any]
 
 
 class _InvalidEditError(Exception):
-    """A problem in one device's edits; write_claim adds the claim and the device."""
+    """A problem in one device's edits; claim_spec adds the claim and the device."""
 
 
 def _fail(where: str, problem: str) -> NoReturn:
@@ -406,19 +408,29 @@ class CDIStore:
         ids = tuple(qualified_cdi_device(self._driver, uid, i) for i in range(len(edits)))
         return ClaimSpec(uid, content, ids)
 
-    def write_spec(self, spec: ClaimSpec) -> list[str]:
+    def write_spec(
+        self, spec: ClaimSpec, crash_points: faults.WritePoints | None = None
+    ) -> list[str]:
         """Write a spec made by :meth:`claim_spec`, replacing any earlier one of its claim.
 
         The file is replaced atomically, so a failure leaves any earlier spec as it was and
         no partial file a runtime could load. Returns the qualified device names.
+
+        The directory is created (mode 0755) if missing: /var/run/cdi is usually a tmpfs, so
+        after a reboot it may not exist until someone writes a spec, and the runtimes, which
+        may not run as our user, must be able to list it; the file is 0644 for the same
+        reason. The temporary file's name ends in ``.tmp``, which runtimes watching the
+        directory ignore (they load only ``.json`` and ``.yaml``).
         """
         data = yaml.safe_dump(dict(spec.content), sort_keys=False, explicit_start=True)
-        self._replace(self.spec_path(spec.uid), data.encode())
+        replace_file(
+            self.spec_path(spec.uid),
+            data.encode(),
+            mode=_SPEC_MODE,
+            dir_mode=_DIR_MODE,
+            crash_points=crash_points,
+        )
         return list(spec.device_ids)
-
-    def write_claim(self, uid: str, edits: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Check and write claim ``uid``'s spec (see :meth:`claim_spec`); its device names."""
-        return self.write_spec(self.claim_spec(uid, edits))
 
     def remove_claim(self, uid: str) -> None:
         """Remove claim ``uid``'s spec; a spec that is not there is already removed.
@@ -441,7 +453,7 @@ class CDIStore:
             except FileNotFoundError:
                 return
             raise
-        _fsync_directory(self._directory)
+        fsync_directory(self._directory)
 
     def has_claim(self, uid: str) -> bool:
         """Whether claim ``uid`` has a spec.
@@ -459,11 +471,17 @@ class CDIStore:
             return False
         return True
 
+    def remove_leftovers(self) -> list[str]:
+        """Remove the temporary files of our specs that a crash left; their names."""
+        if not self._directory.is_dir():
+            return []
+        return remove_leftovers(self._directory, f"{self._driver}-{CDI_CLASS}_")
+
     def claim_uids(self) -> list[str]:
         """The UIDs of the claims that have a spec of ours in the directory, sorted.
 
         Only file names are looked at: ``<driver>-device_<uid>.yaml`` with a uid that
-        :meth:`write_claim` would accept. Other vendors' and classes' specs, our own temporary
+        :meth:`claim_spec` would accept. Other vendors' and classes' specs, our own temporary
         files and malformed names are ignored and left alone. No directory, no specs.
         """
         try:
@@ -510,45 +528,7 @@ class CDIStore:
         spec["cdiVersion"] = minimum_cdi_version(spec)
         return spec
 
-    def _replace(self, path: Path, data: bytes) -> None:
-        """Put ``data`` in ``path`` atomically and durably.
-
-        The directory is created (mode 0755) if missing: /var/run/cdi is usually a tmpfs, so
-        after a reboot it may not exist until someone writes a spec, and the runtimes, which
-        may not run as our user, must be able to list it; the file is 0644 for the same
-        reason. The temporary file's name ends in ``.tmp``, which runtimes watching the
-        directory ignore (they load only ``.json`` and ``.yaml``), and the rename makes the
-        spec appear complete or not at all.
-        """
-        directory = path.parent
-        directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        temporary = Path(name)
-        try:
-            try:
-                os.fchmod(fd, _SPEC_MODE)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        _fsync_directory(directory)
-
 
 def _valid_uid(uid: str) -> bool:
     """Whether ``uid`` can be part of a device name (and so of a spec file name)."""
     return bool(uid) and is_valid_cdi_device_name(cdi_device_name(uid, 0))
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename or removal in ``directory`` survive a crash."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

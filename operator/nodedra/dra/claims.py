@@ -87,12 +87,6 @@ def claim_ref(claim: Mapping[str, Any]) -> ClaimRef:
     return ref
 
 
-def is_allocated(claim: Mapping[str, Any]) -> bool:
-    """Whether the scheduler has allocated ``claim``."""
-    status = claim.get("status")
-    return isinstance(status, Mapping) and status.get("allocation") is not None
-
-
 def claim_results(claim: Mapping[str, Any], driver: str) -> list[AllocationResult]:
     """The allocation results of ``driver`` in ``claim``, in allocation order.
 

@@ -35,15 +35,20 @@ class SocketPaths:
     """The lock file shared with other instances; None when only one instance runs."""
 
 
+def default_plugin_data_dir(driver: str) -> Path:
+    """The directory of ``driver``'s DRA socket when none is configured."""
+    return KUBELET_PLUGINS_DIR / driver
+
+
 def socket_paths(
     driver: str,
     registrar_dir: Path | None,
-    plugin_data_dir: Path | None,
+    plugin_data_dir: Path,
     rolling_update_uid: str | None,
 ) -> SocketPaths:
     """The sockets of ``driver``: per instance when ``rolling_update_uid`` is given."""
     registry = registrar_dir or KUBELET_REGISTRY_DIR
-    data = plugin_data_dir or KUBELET_PLUGINS_DIR / driver
+    data = plugin_data_dir
     if rolling_update_uid:
         return SocketPaths(
             registration=registry / f"{driver}-{rolling_update_uid}-reg.sock",

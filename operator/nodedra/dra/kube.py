@@ -17,7 +17,11 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client as k8s
 
-RESOURCE_API = "/apis/resource.k8s.io/v1"
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+RESOURCE_API_VERSION = f"{RESOURCE_GROUP}/{RESOURCE_VERSION}"
+"""The ``apiVersion`` of ResourceSlices and ResourceClaims as nodedra reads and writes them."""
+RESOURCE_API = f"/apis/{RESOURCE_API_VERSION}"
 REQUEST_TIMEOUT = 30.0
 """Seconds one API call may take; the kubelet gives a whole prepare call 45 s."""
 
@@ -128,7 +132,7 @@ class KubeClusterAPI:
         self, claim: ClaimIdentity, devices: list[JSON], field_manager: str
     ) -> JSON:
         body = {
-            "apiVersion": "resource.k8s.io/v1",
+            "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceClaim",
             "metadata": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
             "status": {"devices": devices},

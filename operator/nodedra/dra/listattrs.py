@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kube import ClusterAPI, KubeAPIError
+from .kube import RESOURCE_API_VERSION, ClusterAPI, KubeAPIError
 
 PROBE_ATTRIBUTE = "listprobe"
 PROBE_VALUE = [0, 1]
@@ -24,7 +24,7 @@ def probe_list_attributes(api: ClusterAPI, node_name: str, driver: str) -> bool:
     errors are raised, since they tell nothing about the answer.
     """
     body: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceSlice",
         "metadata": {"generateName": f"{node_name}-{driver}-probe-"},
         "spec": {

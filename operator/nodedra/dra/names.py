@@ -24,7 +24,6 @@ _VENDOR_OR_CLASS = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _DEVICE = r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?"
 _QUALIFIED = re.compile(rf"({_VENDOR_OR_CLASS})/({_VENDOR_OR_CLASS})=({_DEVICE})")
 _VENDOR = re.compile(_VENDOR_OR_CLASS)
-_CLASS = re.compile(_VENDOR_OR_CLASS)
 _DEVICE_NAME = re.compile(_DEVICE)
 
 
@@ -51,11 +50,6 @@ def driver_name(policy_name: str) -> str:
 def is_valid_cdi_vendor(vendor: str) -> bool:
     """Whether CDI accepts ``vendor`` as the vendor part of a kind."""
     return _VENDOR.fullmatch(vendor) is not None
-
-
-def is_valid_cdi_class(cdi_class: str) -> bool:
-    """Whether CDI accepts ``cdi_class`` as the class part of a kind."""
-    return _CLASS.fullmatch(cdi_class) is not None
 
 
 def is_valid_cdi_device_name(name: str) -> bool:

@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from kubernetes import client as k8s
 
-from . import faults
+from nodedra.lib import faults
+
 from .cdi import CDIStore
 from .claims import (
     AllocationResult,
@@ -32,7 +33,7 @@ from .claims import (
     is_valid_namespace,
     is_valid_object_name,
 )
-from .endpoint import KUBELET_PLUGINS_DIR, SocketPaths, instance_lock, socket_paths
+from .endpoint import SocketPaths, default_plugin_data_dir, instance_lock, socket_paths
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
 from .listattrs import probe_list_attributes
@@ -152,16 +153,12 @@ class RequestObserver(Protocol):
         ...
 
 
-@dataclass
-class Options:
-    """What a plugin needs beyond its driver name."""
+@dataclass(kw_only=True)
+class PluginSettings:
+    """Where a plugin's files are and how it runs: what an owner may pass on as it is."""
 
     node_name: str
     """The node whose devices the plugin publishes."""
-    kube_client: k8s.ApiClient | ClusterAPI
-    """An official client (or anything speaking :class:`ClusterAPI`) for claims and slices."""
-    owner: Owner
-    policy: ClaimPolicy
     registrar_dir: Path | str | None = None
     """Where the registration socket goes; None: the kubelet's registry directory."""
     plugin_data_dir: Path | str | None = None
@@ -174,6 +171,20 @@ class Options:
     """Seconds between checks that our ResourceSlices are still as published."""
     observer: RequestObserver | None = None
     """Told about every kubelet request once it is answered (metrics, claim status)."""
+
+    def plugin_settings(self) -> dict[str, Any]:
+        """These settings as keyword arguments (of :class:`Options`, say)."""
+        return {f.name: getattr(self, f.name) for f in fields(PluginSettings)}
+
+
+@dataclass(kw_only=True)
+class Options(PluginSettings):
+    """What a plugin needs beyond its driver name: its settings and who it works with."""
+
+    kube_client: k8s.ApiClient | ClusterAPI
+    """An official client (or anything speaking :class:`ClusterAPI`) for claims and slices."""
+    owner: Owner
+    policy: ClaimPolicy
 
 
 class Plugin:
@@ -197,7 +208,9 @@ class Plugin:
             if isinstance(options.kube_client, k8s.ApiClient)
             else options.kube_client
         )
-        self._plugin_data_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / driver_name)
+        self._plugin_data_dir = Path(
+            options.plugin_data_dir or default_plugin_data_dir(driver_name)
+        )
         self._paths: SocketPaths = socket_paths(
             driver_name,
             Path(options.registrar_dir) if options.registrar_dir else None,
@@ -567,7 +580,7 @@ class Plugin:
                 raise ClaimError(f"claim {ref}: committing the allocation failed: {err}") from err
             faults.crash_point(faults.PREPARE_COMMITTED)
             try:
-                names = self._cdi.write_spec(spec)
+                names = self._cdi.write_spec(spec, faults.PREPARE_SPEC)
             except OSError as err:
                 raise ClaimError(
                     f"claim {ref}: writing its CDI spec to {self._cdi.directory} failed: {err}"

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from grpc_gen import (
+from nodedra.grpc_gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,

@@ -15,13 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodedra.quantity import parse_quantity
+from nodedra.lib.quantity import parse_quantity
 
-from .kube import JSON, ClusterAPI
+from .kube import JSON, RESOURCE_API_VERSION, ClusterAPI
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
 """The smaller limit the API sets for slices whose devices have taints or consume counters."""
@@ -165,7 +164,7 @@ class SliceApplier:
         if self._node_uid is None:
             self._node_uid = self._api.get_node_uid(self._node_name)
         return {
-            "apiVersion": API_VERSION,
+            "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceSlice",
             "metadata": {
                 "generateName": f"{self._node_name}-{self._driver}-",

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 Device = dict[str, Any]
 Edits = dict[str, Any]
 
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+"""The standard device attribute naming a device's NUMA node (both policies publish it)."""
+
 
 class PolicyHost(Protocol):
     """What a policy asks of whoever hosts it (the resource manager)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from nodedra.quantity import parse_quantity
+from nodedra.lib.quantity import parse_quantity
 from nodedra.topology.cpulist import parse_cpu_list
 
 POLICIES = ("topology-aware", "static")

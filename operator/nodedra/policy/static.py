@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 
 from nodedra.topology.cpulist import format_cpu_list
 
-from .base import Device, ExclusiveCPUPolicy
+from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
 from .ledger import Grant, PolicyError
-from .topology_aware import NUMA_NODE_ATTRIBUTE
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult

@@ -11,10 +11,10 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from nodedra.quantity import parse_quantity, whole_positive
+from nodedra.lib.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
-from .base import Device, ExclusiveCPUPolicy
+from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 from .picker import pick_cpus
@@ -22,7 +22,6 @@ from .picker import pick_cpus
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
 
-NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 CPU_CAPACITY = "cpu"
 MEMORY_CAPACITY = "memory"
 MEMORY_STEP = 1 << 20

@@ -10,15 +10,16 @@ damaged file is refused with a message instead of silently losing claims.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nodedra.lib import faults
+from nodedra.lib.durable import remove_leftovers, replace_file
 
 KIND = "nodedra.checkpoint"
 VERSION = 1
@@ -101,7 +102,7 @@ class Checkpoint:
         except (KeyError, TypeError, ValueError) as err:
             raise self._corrupt(f"missing or malformed field {err}") from None
 
-    def save(self, state: State) -> None:
+    def save(self, state: State, crash_points: faults.WritePoints | None = None) -> None:
         """Replace the checkpoint with ``state``, atomically and durably; raise on failure."""
         data = {"policy": state.policy, "driver": state.driver, "claims": dict(state.claims)}
         document = {
@@ -110,25 +111,14 @@ class Checkpoint:
             "data": data,
             "checksum": _checksum(VERSION, data),
         }
-        directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(document, out, indent=1, sort_keys=True)
-                out.write("\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(name, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+        replace_file(self.path, text.encode(), crash_points=crash_points)
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove the temporary files of saves that a crash interrupted; their names."""
+        if not self.path.parent.is_dir():
+            return []
+        return remove_leftovers(self.path.parent, f"{self.path.name}.")
 
     def _corrupt(self, why: str) -> CheckpointError:
         return CheckpointError(

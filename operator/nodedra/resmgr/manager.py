@@ -19,8 +19,9 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from nodedra.dra import ClusterAPI, Options, Plugin, RequestObserver, driver_name
-from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, instance_lock
+from nodedra.dra import ClusterAPI, Options, Plugin, PluginSettings, driver_name
+from nodedra.dra.endpoint import instance_lock
+from nodedra.lib import faults
 from nodedra.policy import Grant, Policy, PolicyConfig
 
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
@@ -28,19 +29,12 @@ from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ManagerOptions:
-    """Where things are, for the plugin and the checkpoint."""
+@dataclass(kw_only=True)
+class ManagerOptions(PluginSettings):
+    """The plugin's settings, and where the checkpoint lives."""
 
-    node_name: str
     state_dir: Path | str | None = None
     """Where the checkpoint lives; None: the plugin data directory."""
-    registrar_dir: Path | str | None = None
-    plugin_data_dir: Path | str | None = None
-    cdi_dir: Path | str | None = None
-    rolling_update_uid: str | None = None
-    resync_period: float = 30.0
-    observer: RequestObserver | None = None
 
 
 class ResourceManager:
@@ -57,27 +51,18 @@ class ResourceManager:
         self._policy = policy
         self._on_shutdown = on_shutdown
         self.driver = driver_name(policy.name)
-        plugin_dir = Path(options.plugin_data_dir or KUBELET_PLUGINS_DIR / self.driver)
-        self.checkpoint = Checkpoint(Path(options.state_dir or plugin_dir) / FILE_NAME)
+        self.plugin = Plugin(
+            self.driver,
+            Options(
+                **options.plugin_settings(), kube_client=kube_client, owner=self, policy=policy
+            ),
+        )
+        state_dir = Path(options.state_dir or self.plugin.plugin_data_dir)
+        self.checkpoint = Checkpoint(state_dir / FILE_NAME)
         self._saved: tuple[int, int] | None = None
         """The checkpoint file we wrote or read last; None until the first start."""
         self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
         """What the checkpoint holds as of ``_saved``, readable without the lock."""
-        self.plugin = Plugin(
-            self.driver,
-            Options(
-                node_name=options.node_name,
-                kube_client=kube_client,
-                owner=self,
-                policy=policy,
-                registrar_dir=options.registrar_dir,
-                plugin_data_dir=plugin_dir,
-                cdi_dir=options.cdi_dir,
-                rolling_update_uid=options.rolling_update_uid,
-                resync_period=options.resync_period,
-                observer=options.observer,
-            ),
-        )
 
     @property
     def policy(self) -> Policy:
@@ -116,11 +101,11 @@ class ResourceManager:
 
     def claim_allocated(self) -> None:
         """Save the policy's state: the allocation outlives us from here on."""
-        self._save()
+        self._save(faults.PREPARE_CHECKPOINT)
 
     def claim_released(self) -> None:
         """Save the policy's state after a release."""
-        self._save()
+        self._save(faults.UNPREPARE_CHECKPOINT)
 
     def request_shutdown(self, reason: str) -> None:
         """Hand ``reason`` to whoever runs the process; safe from any thread."""
@@ -173,6 +158,11 @@ class ResourceManager:
             self._policy.start(self, claims)
             self._save()
             self._sweep_specs()
+            for leftover in (
+                *self.checkpoint.remove_leftovers(),
+                *self.plugin.cdi.remove_leftovers(),
+            ):
+                log.info("removed %s, left by a write that a crash interrupted", leftover)
         self.plugin.start()
         self.plugin.allow_claims()
         log.info(
@@ -203,8 +193,9 @@ class ResourceManager:
 
     # Internals -------------------------------------------------------------------------
 
-    def _save(self) -> None:
-        self.checkpoint.save(State(self._policy.name, self.driver, self._policy.snapshot()))
+    def _save(self, crash_points: faults.WritePoints | None = None) -> None:
+        state = State(self._policy.name, self.driver, self._policy.snapshot())
+        self.checkpoint.save(state, crash_points)
         self._saved = self.checkpoint.identity()
         self._take_view()
 

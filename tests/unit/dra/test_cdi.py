@@ -30,6 +30,11 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
+def write(store: CDIStore, uid: str, edits: Any) -> list[str]:
+    """Check and write claim ``uid``'s spec, as a prepare does."""
+    return store.write_spec(store.claim_spec(uid, edits))
+
+
 def snapshot(directory: Path) -> dict[str, bytes]:
     if not directory.exists():
         return {}
@@ -76,7 +81,7 @@ def test_spec_path_is_the_transient_spec_name(store: CDIStore) -> None:
 
 def test_has_claim_follows_write_and_remove(store: CDIStore) -> None:
     assert not store.has_claim(UID)
-    store.write_claim(UID, [ENV])
+    write(store, UID, [ENV])
     assert store.has_claim(UID)
     store.remove_claim(UID)
     assert not store.has_claim(UID)
@@ -97,7 +102,7 @@ def test_write_claim_writes_the_edits_verbatim(store: CDIStore) -> None:
     }
     edits: list[dict[str, Any]] = [ENV, {"mounts": [mount], "env": ["A=1", "B=x=y"]}]
 
-    names = store.write_claim(UID, edits)
+    names = write(store, UID, edits)
 
     assert names == [f"{DRV}/device=claim-{UID}-0", f"{DRV}/device=claim-{UID}-1"]
     spec = load(store.spec_path(UID))
@@ -115,7 +120,7 @@ def test_write_claim_writes_the_edits_verbatim(store: CDIStore) -> None:
 
 def test_write_claim_accepts_any_mapping_and_sequence(store: CDIStore) -> None:
     edits = (MappingProxyType({"env": ("A=1",), "additionalGids": (5,)}),)
-    store.write_claim(UID, edits)
+    write(store, UID, edits)
     spec = load(store.spec_path(UID))
     assert spec["devices"][0]["containerEdits"] == {"env": ["A=1"], "additionalGids": [5]}
     assert spec["cdiVersion"] == "0.7.0"
@@ -160,16 +165,16 @@ def test_write_claim_accepts_every_field(store: CDIStore) -> None:
         },
         "additionalGids": [0, 2**32 - 1],
     }
-    store.write_claim(UID, [edits])
+    write(store, UID, [edits])
     spec = load(store.spec_path(UID))
     assert spec["devices"][0]["containerEdits"] == edits
     assert spec["cdiVersion"] == "1.1.0"
 
 
 def test_version_follows_the_edits(store: CDIStore) -> None:
-    store.write_claim("env-only", [ENV])
+    write(store, "env-only", [ENV])
     mount = {"hostPath": "/a", "containerPath": "/b", "type": "bind", "options": ["bind"]}
-    store.write_claim("typed-mount", [ENV, {"mounts": [mount]}])
+    write(store, "typed-mount", [ENV, {"mounts": [mount]}])
     env_only = load(store.spec_path("env-only"))["cdiVersion"]
     typed_mount = load(store.spec_path("typed-mount"))["cdiVersion"]
     assert env_only != typed_mount
@@ -179,15 +184,15 @@ def test_version_follows_the_edits(store: CDIStore) -> None:
 def test_written_file_and_created_directory_are_readable_by_runtimes(store: CDIStore) -> None:
     umask = os.umask(0)
     os.umask(umask)
-    store.write_claim(UID, [ENV])
+    write(store, UID, [ENV])
     assert stat.S_IMODE(store.spec_path(UID).stat().st_mode) == 0o644
     assert stat.S_IMODE(store.directory.stat().st_mode) == 0o755 & ~umask
 
 
 def test_writing_twice_leaves_one_file_with_the_second_content(store: CDIStore) -> None:
-    store.write_claim(UID, [ENV, ENV])
+    write(store, UID, [ENV, ENV])
     second = {"env": ["SECOND=1"]}
-    assert store.write_claim(UID, [second]) == [f"{DRV}/device=claim-{UID}-0"]
+    assert write(store, UID, [second]) == [f"{DRV}/device=claim-{UID}-0"]
     assert os.listdir(store.directory) == [store.spec_path(UID).name]
     assert load(store.spec_path(UID))["devices"] == [
         {"name": f"claim-{UID}-0", "containerEdits": second}
@@ -195,7 +200,7 @@ def test_writing_twice_leaves_one_file_with_the_second_content(store: CDIStore) 
 
 
 def test_remove_twice_and_remove_unknown_succeed(store: CDIStore) -> None:
-    store.write_claim(UID, [ENV])
+    write(store, UID, [ENV])
     store.remove_claim(UID)
     store.remove_claim(UID)
     store.remove_claim("unknown")
@@ -210,7 +215,7 @@ def test_remove_without_directory_succeeds(store: CDIStore) -> None:
 def test_failed_replace_leaves_no_temporary_file(
     store: CDIStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.write_claim(UID, [ENV])
+    write(store, UID, [ENV])
     before = snapshot(store.directory)
 
     def fail(*_args: object, **_kwargs: object) -> None:
@@ -218,9 +223,9 @@ def test_failed_replace_leaves_no_temporary_file(
 
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError, match="replace failed"):
-        store.write_claim(UID, [{"env": ["NEW=1"]}])
+        write(store, UID, [{"env": ["NEW=1"]}])
     with pytest.raises(OSError, match="replace failed"):
-        store.write_claim("other", [ENV])
+        write(store, "other", [ENV])
     assert snapshot(store.directory) == before
 
 
@@ -321,11 +326,11 @@ REFUSED: list[tuple[str, str, Any, str]] = [
 )
 def test_refused_spec_writes_nothing(store: CDIStore, uid: str, edits: Any, message: str) -> None:
     existing = [{"env": ["EXISTING=1"]}]
-    store.write_claim(UID, existing)
+    write(store, UID, existing)
     before = snapshot(store.directory)
 
     with pytest.raises(CDISpecError, match=re.escape(message)) as refusal:
-        store.write_claim(uid, edits)
+        write(store, uid, edits)
 
     assert repr(uid) in str(refusal.value)
     assert snapshot(store.directory) == before
@@ -333,7 +338,7 @@ def test_refused_spec_writes_nothing(store: CDIStore, uid: str, edits: Any, mess
 
 def test_refusal_does_not_create_the_directory(store: CDIStore) -> None:
     with pytest.raises(CDISpecError):
-        store.write_claim(UID, [{}])
+        write(store, UID, [{}])
     assert not store.directory.exists()
 
 
@@ -345,8 +350,8 @@ def test_refused_spec_is_a_value_error() -> None:
 
 
 def test_claim_uids_lists_ours_and_leaves_the_rest_alone(store: CDIStore) -> None:
-    store.write_claim("b-uid", [ENV])
-    store.write_claim("a-uid", [ENV])
+    write(store, "b-uid", [ENV])
+    write(store, "a-uid", [ENV])
     foreign = [
         "other.nri.io-device_x.yaml",  # another vendor
         f"{DRV}-gpu_y.yaml",  # another class
@@ -371,7 +376,7 @@ def test_claim_uids_lists_ours_and_leaves_the_rest_alone(store: CDIStore) -> Non
 def test_claim_uids_escapes_the_driver_name(tmp_path: Path) -> None:
     store = CDIStore("a.b", tmp_path)
     (tmp_path / "aXb-device_u.yaml").write_text("")
-    store.write_claim("v", [ENV])
+    write(store, "v", [ENV])
     assert store.claim_uids() == ["v"]
 
 
@@ -380,8 +385,8 @@ def test_claim_uids_without_directory_is_empty(store: CDIStore) -> None:
 
 
 def test_claim_uids_after_remove(store: CDIStore) -> None:
-    store.write_claim("a", [ENV])
-    store.write_claim("b", [ENV])
+    write(store, "a", [ENV])
+    write(store, "b", [ENV])
     store.remove_claim("a")
     assert store.claim_uids() == ["b"]
 
@@ -447,7 +452,7 @@ def test_minimum_version(spec: dict[str, Any], version: str) -> None:
 
 
 def test_written_version_is_the_minimum(store: CDIStore) -> None:
-    store.write_claim(UID, [ENV, node(hostPath="/dev/y")])
+    write(store, UID, [ENV, node(hostPath="/dev/y")])
     spec = load(store.spec_path(UID))
     assert spec["cdiVersion"] == "0.5.0"
     assert minimum_cdi_version(spec) == spec["cdiVersion"]

@@ -9,7 +9,6 @@ from typing import Any
 import grpc
 import pytest
 
-from grpc_gen import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from nodedra.dra import (
     ClaimError,
     ClaimRef,
@@ -22,6 +21,7 @@ from nodedra.dra import (
     RecoverableError,
 )
 from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
+from nodedra.grpc_gen import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from tests.peers.cluster import poll
 from tests.unit.dra.fakes import (
     DRIVER,

@@ -14,7 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from grpc_gen import (
+from nodedra.dra import Plugin
+from nodedra.dra.endpoint import instance_lock, socket_paths
+from nodedra.dra.service import PluginServers
+from nodedra.grpc_gen import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -24,9 +27,6 @@ from grpc_gen import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from nodedra.dra import Plugin
-from nodedra.dra.endpoint import instance_lock, socket_paths
-from nodedra.dra.service import PluginServers
 from tests.unit.dra.fakes import DRIVER, make_claim, result
 from tests.unit.dra.test_plugin import Rig
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nodedra.lib.quantity import parse_quantity, whole_positive
 from nodedra.policy.config import ConfigError, load_config, parse_config
 from nodedra.policy.ledger import Grant, Ledger, PolicyError, env_suffix, grant_edits
-from nodedra.quantity import parse_quantity, whole_positive
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nodedra.policy import PolicyConfig, PolicyError, TopologyAwarePolicy, parse_config
-from nodedra.policy.topology_aware import MEMORY_STEP, NUMA_NODE_ATTRIBUTE, device_name
+from nodedra.policy.base import NUMA_NODE_ATTRIBUTE
+from nodedra.policy.topology_aware import MEMORY_STEP, device_name
 from nodedra.topology.cpulist import parse_cpu_list
 from nodedra.topology.model import Topology
 from tests.unit.policy.conftest import SHAPES, Host, ask, claim, topology

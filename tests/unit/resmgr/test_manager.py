@@ -106,7 +106,7 @@ def test_restart_restores_claims_and_sweeps_orphan_specs(node: Node) -> None:
     node.manager.stop()
     # A crash between a release's commit and the spec's removal leaves a spec nobody holds.
     orphan = node.manager.plugin.cdi
-    orphan.write_claim("orphan", [{"env": ["X=1"]}])
+    orphan.write_spec(orphan.claim_spec("orphan", [{"env": ["X=1"]}]))
     foreign = node.tmp / "cdi" / "vendor.com-gpu_x.yaml"
     foreign.write_text("cdiVersion: 0.3.0\n")
 

@@ -11,17 +11,34 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import NamedTuple
 
 CRASH_AT = "NODEDRA_CRASH_AT"
 
+
+class WritePoints(NamedTuple):
+    """The crash points inside one atomic file write (see ``nodedra.lib.durable``)."""
+
+    written: str
+    """The temporary file is written and synced; the target is as it was."""
+    renamed: str
+    """The new file is in place; its directory is not synced yet."""
+
+
 PREPARE_ALLOCATED = "prepare-allocated"
 """The policy allocated, nothing is committed yet."""
+PREPARE_CHECKPOINT = WritePoints("prepare-checkpoint-written", "prepare-checkpoint-renamed")
+"""Inside the commit of an allocation (the checkpoint's write)."""
 PREPARE_COMMITTED = "prepare-committed"
 """The allocation is in the checkpoint, the CDI spec is not written."""
+PREPARE_SPEC = WritePoints("prepare-spec-written", "prepare-spec-renamed")
+"""Inside the write of the claim's CDI spec."""
 PREPARE_WRITTEN = "prepare-written"
 """The CDI spec is written, the kubelet has no answer yet."""
 UNPREPARE_RELEASED = "unprepare-released"
 """The policy released, nothing is committed yet."""
+UNPREPARE_CHECKPOINT = WritePoints("unprepare-checkpoint-written", "unprepare-checkpoint-renamed")
+"""Inside the commit of a release (the checkpoint's write)."""
 UNPREPARE_COMMITTED = "unprepare-committed"
 """The release is in the checkpoint, the CDI spec is still there."""
 UNPREPARE_REMOVED = "unprepare-removed"
@@ -29,12 +46,16 @@ UNPREPARE_REMOVED = "unprepare-removed"
 
 POINTS = (
     PREPARE_ALLOCATED,
+    *PREPARE_CHECKPOINT,
     PREPARE_COMMITTED,
+    *PREPARE_SPEC,
     PREPARE_WRITTEN,
     UNPREPARE_RELEASED,
+    *UNPREPARE_CHECKPOINT,
     UNPREPARE_COMMITTED,
     UNPREPARE_REMOVED,
 )
+"""Every crash point, in the order a prepare and then an unprepare pass them."""
 
 
 def crash_point(name: str) -> None:

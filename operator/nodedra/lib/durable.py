@@ -1,0 +1,82 @@
+"""Replacing a file so that a crash at any moment leaves the old or the new content whole.
+
+The checkpoint and the CDI specs are both written this way: a temporary file in the same
+directory (its name starts with "." and ends in ".tmp", which CDI runtimes watching the
+directory ignore), written and fsynced, renamed over the target, and then the directory
+fsynced so that the rename itself survives a power cut. Readers see the old file or the new
+one, never a partial one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from nodedra.lib import faults
+
+
+def replace_file(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o600,
+    dir_mode: int = 0o700,
+    crash_points: faults.WritePoints | None = None,
+) -> None:
+    """Make ``data`` the content of ``path``, atomically and durably; raise on failure.
+
+    The directory is created (with ``dir_mode``) if missing. On failure the temporary file
+    is removed and ``path`` is as it was. ``crash_points`` name the places inside the
+    sequence where the reliability tests may kill the process.
+    """
+    directory = path.parent
+    directory.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    temporary = Path(name)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if crash_points is not None:
+            faults.crash_point(crash_points.written)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if crash_points is not None:
+        faults.crash_point(crash_points.renamed)
+    fsync_directory(directory)
+
+
+def remove_leftovers(directory: Path, target_prefix: str) -> list[str]:
+    """Remove the temporary files a crash left behind in ``directory``; their names.
+
+    Only ours: the temporary files of targets whose names start with ``target_prefix``.
+    The caller must hold whatever lock serializes the writes of those targets, or it
+    could remove a file another writer is about to rename.
+    """
+    removed = []
+    for leftover in sorted(directory.glob(f".{glob_escape(target_prefix)}*.tmp")):
+        leftover.unlink(missing_ok=True)
+        removed.append(leftover.name)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with glob's special characters matching only themselves."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or removal in ``directory`` survive a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
