@@ -195,7 +195,7 @@ def test_slices_split_at_the_real_limits(
 
     # The limits are the API server's, not ours: one device more is refused.
     api = KubeClusterAPI(admin_api)
-    oversized = {
+    oversized: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"generateName": "oversized-"},

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 PEERS_DIR = Path(__file__).resolve().parent
 
@@ -175,6 +175,14 @@ SUPPLY_HINT = (
 )
 
 
+class Log(Protocol):
+    """Where build progress goes: any text stream."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class PeerBuildError(RuntimeError):
     """The peers could neither be found nor built; the message says why and what to do."""
 
@@ -218,7 +226,7 @@ def cache_root() -> Path:
     return Path(base) / "nodedra" / "peers"
 
 
-def _supplied(log: TextIO) -> dict[str, Path]:
+def _supplied(log: Log) -> dict[str, Path]:
     """Binaries named by the environment, checked to exist and be executable."""
     found: dict[str, Path] = {}
     assets = os.environ.get("KUBEBUILDER_ASSETS")
@@ -272,7 +280,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _report_progress(lines: Iterable[str], log: TextIO, transcript: TextIO, started: float) -> None:
+def _report_progress(lines: Iterable[str], log: Log, transcript: TextIO, started: float) -> None:
     """Copy `go build -v` output to the transcript and print a heartbeat,
     so a build of many minutes visibly makes progress."""
     compiled = 0
@@ -296,7 +304,7 @@ def _report_progress(lines: Iterable[str], log: TextIO, transcript: TextIO, star
             last_report = now
 
 
-def build(group: PeerGroup, names: Sequence[str], dest: Path, log: TextIO = sys.stderr) -> None:
+def build(group: PeerGroup, names: Sequence[str], dest: Path, log: Log = sys.stderr) -> None:
     """Build the named peers of ``group`` into ``dest`` with the Go toolchain."""
     go = _find_go()
     unknown = [n for n in names if n not in group.packages]
@@ -352,7 +360,7 @@ def build(group: PeerGroup, names: Sequence[str], dest: Path, log: TextIO = sys.
     print(f"[peers] built {', '.join(names)} in {elapsed:.0f}s", file=log, flush=True)
 
 
-def _prune_cache(group: PeerGroup, keep: Path, log: TextIO) -> None:
+def _prune_cache(group: PeerGroup, keep: Path, log: Log) -> None:
     """Drop the oldest cache entries of ``group``: every change to its sources makes a
     new one. The newest few stay, for other checkouts in use."""
     entries = sorted(
@@ -369,7 +377,7 @@ def _prune_cache(group: PeerGroup, keep: Path, log: TextIO) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def ensure_binaries(log: TextIO = sys.stderr, names: Sequence[str] | None = None) -> PeerBinaries:
+def ensure_binaries(log: Log = sys.stderr, names: Sequence[str] | None = None) -> PeerBinaries:
     """Return the peer binaries: supplied ones, cached ones, and otherwise freshly built
     ones (all peers, or ``names``). Raises PeerBuildError when that is impossible."""
     groups = peer_groups()

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -351,7 +351,7 @@ class Demo:
 class _Prefixed:
     """A text stream that indents what is written to it (the peer build's progress)."""
 
-    def __init__(self, stream: Any, prefix: str) -> None:
+    def __init__(self, stream: TextIO, prefix: str) -> None:
         self._stream = stream
         self._prefix = prefix
 

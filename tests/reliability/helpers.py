@@ -156,7 +156,9 @@ class LocalNode:
 # --- claims -------------------------------------------------------------------------------
 
 
-def ta_result(numa: int, cpus: int | str | None, memory: str | None = None, **extra: Any) -> dict:
+def ta_result(
+    numa: int, cpus: int | str | None, memory: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """A result of the topology-aware driver on NUMA node ``numa``'s device."""
     consumed: dict[str, Any] = {}
     if cpus is not None:
@@ -174,7 +176,7 @@ def ta_result(numa: int, cpus: int | str | None, memory: str | None = None, **ex
     )
 
 
-def static_result(cpu: int, **extra: Any) -> dict:
+def static_result(cpu: int, **extra: Any) -> dict[str, Any]:
     """A result of the static driver on CPU ``cpu``'s device."""
     return result(
         extra.pop("request", "cpus"),

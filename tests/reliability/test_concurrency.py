@@ -10,6 +10,7 @@ the CDI specs on disk exactly those of the claims held.
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import threading
@@ -259,7 +260,9 @@ def test_concurrent_prepares_unprepares_and_reconfigurations(
     node.manager.start()
     try:
         workers = [
-            threading.Thread(target=run.guarded(lambda w=w: run.worker(w)), name=f"kubelet-{w}")
+            threading.Thread(
+                target=run.guarded(functools.partial(run.worker, w)), name=f"kubelet-{w}"
+            )
             for w in range(WORKERS)
         ]
         others = [

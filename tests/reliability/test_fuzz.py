@@ -426,6 +426,6 @@ def test_before_synchronizing_every_request_is_refused_whole(
         with pytest.raises(grpc.RpcError) as refused:
             call(message(claims=grpc_claims(pb, refs)), timeout=30)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "cannot serve claims yet, still synchronizing" in refused.value.details()
+    assert "cannot serve claims yet, still synchronizing" in (refused.value.details() or "")
     assert synchronizing.spec_files() == {}
     assert synchronizing.checkpoint_bytes() is None

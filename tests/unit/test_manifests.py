@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -103,7 +103,7 @@ def _daemonset() -> dict[str, Any]:
 
 def _container() -> dict[str, Any]:
     (container,) = _daemonset()["spec"]["template"]["spec"]["containers"]
-    return container
+    return cast(dict[str, Any], container)
 
 
 # -- files --------------------------------------------------------------------

@@ -458,7 +458,12 @@ def test_requests_wait_for_the_owner_lock(allowed: Rig) -> None:
     ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
     done = threading.Event()
     with rig.owner:
-        worker = threading.Thread(target=lambda: (rig.plugin.node_prepare([ref]), done.set()))
+
+        def prepare() -> None:
+            rig.plugin.node_prepare([ref])
+            done.set()
+
+        worker = threading.Thread(target=prepare)
         worker.start()
         assert not done.wait(0.2)
         assert rig.policy.claims == []

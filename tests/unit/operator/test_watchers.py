@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.unit.resmgr.test_manager import Node
 TA = "topology-aware.nri.io"
 
 
-def ours(uid: str, **extra: object) -> dict[str, object]:
+def ours(uid: str, **extra: object) -> dict[str, Any]:
     return make_claim(uid, [result("req", "cpudevnuma000", driver=TA, pool=NODE, **extra)])
 
 
@@ -38,12 +39,12 @@ def test_index_keeps_only_claims_allocated_to_us() -> None:
         is None
     )
     unallocated = ours("d")
-    del unallocated["status"]["allocation"]  # type: ignore[index]
+    del unallocated["status"]["allocation"]
     assert index.observe("MODIFIED", unallocated) is None
     assert index.observe("MODIFIED", {"metadata": {}}) is None  # malformed: ignored
     assert index.uids() == {"a"}
     deallocated = ours("a")
-    del deallocated["status"]["allocation"]  # type: ignore[index]
+    del deallocated["status"]["allocation"]
     index.observe("MODIFIED", deallocated)
     assert index.uids() == set()
     index.observe("ADDED", ours("e"))

@@ -142,7 +142,7 @@ def test_reconfigure_live(node: Node) -> None:
     node.manager.start()
     ref = node.add_claim("u1", results_for(node))
     node.manager.plugin.node_prepare([ref])
-    (grant,) = node.manager.policy.grants("u1")  # type: ignore[attr-defined]
+    (grant,) = node.manager.policy.grants("u1")
     taken = parse_config({"policy": node.policy_name, "reservedCPUs": str(min(grant.cpus))})
     with pytest.raises(PolicyError, match="can't reserve"):
         node.manager.reconfigure(taken)
