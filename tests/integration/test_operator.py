@@ -32,11 +32,8 @@ from nodedra.resmgr.checkpoint import Checkpoint
 from nodedra.topology import parse_cpu_list
 from tests.conftest import KubeletFactory, NodedraFactory
 from tests.peers.cluster import (
-    get_claim,
-    pod_claim_name,
     poll,
     resource_slices,
-    wait_pod_scheduled,
 )
 from tests.peers.controlplane import LOOPBACK, ControlPlane, free_port, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness
@@ -48,14 +45,14 @@ from tests.peers.nodedra_node import (
     NodedraProcess,
     ResourcePaths,
     apply_objects,
-    claim_pod,
-    claim_template,
     delete_pod,
     env_of_spec,
     load_manifests,
     manifest_files,
     pod_identity,
+    prepared_cpus,
     registrations,
+    start_claim_pod,
     wait_claim_status,
 )
 
@@ -322,31 +319,6 @@ def test_config_changes_apply_live_and_bad_ones_are_refused(
 
 
 # -- claims, end to end ---------------------------------------------------------------------------
-
-
-def start_claim_pod(
-    cp: ControlPlane, namespace: str, node: str, pod: str, capacity: dict[str, str]
-) -> dict[str, Any]:
-    """A pod with a claim from a template of its own; returns its allocated claim."""
-    cp.request(
-        "POST",
-        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-        claim_template(pod, TOPOLOGY_AWARE, capacity),
-    )
-    cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", claim_pod(pod, node, pod))
-    scheduled = wait_pod_scheduled(cp, namespace, pod)
-    assert scheduled["spec"]["nodeName"] == node
-    name = pod_claim_name(scheduled, "cpus")
-    assert name is not None, scheduled.get("status")
-    return get_claim(cp, namespace, name)
-
-
-def prepared_cpus(nodedra: NodedraProcess, uid: str) -> frozenset[int]:
-    spec = yaml.safe_load(nodedra.dirs.spec_path(TOPOLOGY_AWARE, uid).read_text())
-    cpus: frozenset[int] = parse_cpu_list(
-        env_of_spec(spec)[f"DRA_CPUSET_{uid.replace('-', '_')}_0"]
-    )
-    return cpus
 
 
 def test_pod_claim_is_prepared_and_described_in_its_status(

@@ -35,8 +35,15 @@ import yaml
 from nodedra.inventory import inventory
 from nodedra.policy import load_config
 from nodedra.settings import FLAGS
-from nodedra.topology import read_topology
-from tests.peers.cluster import poll, pool_devices, resource_slices
+from nodedra.topology import parse_cpu_list, read_topology
+from tests.peers.cluster import (
+    get_claim,
+    pod_claim_name,
+    poll,
+    pool_devices,
+    resource_slices,
+    wait_pod_scheduled,
+)
 from tests.peers.controlplane import LOOPBACK, APIError, ControlPlane, free_port, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness, RegisteredPlugin
 from tests.peers.process import PeerProcess, PeerProcessError
@@ -435,7 +442,9 @@ class NodedraProcess:
     ) -> RegisteredPlugin:
         """Wait until the kubelet registered this instance and the slices are published.
 
-        Fails at once, with the log, if the process exits.
+        This instance's own word counts (/readyz: the kubelet told it that it registered
+        it): the kubelet's list alone may still hold an earlier instance on the same socket
+        path. Fails at once, with the log, if the process exits.
         """
         plugin: RegisteredPlugin | None = None
 
@@ -456,6 +465,10 @@ class NodedraProcess:
         def healthy() -> bool:
             return self.healthz()[0] == 200
 
+        def ready() -> bool:
+            return self.readyz()[0] == 200
+
+        self.process.wait_until(ready, timeout, "/readyz answering 200")
         self.process.wait_until(registered, timeout, f"registered with the kubelet as {driver}")
         self.process.wait_until(published, timeout, f"{devices} devices published")
         self.process.wait_until(healthy, timeout, "/healthz answering 200")
@@ -591,3 +604,28 @@ def wait_claim_status(
         timeout,
         lambda: f"claim {namespace}/{name} to have {what} of {driver} in status.devices: {seen}",
     )
+
+
+def start_claim_pod(
+    cp: ControlPlane, namespace: str, node: str, pod: str, capacity: dict[str, str]
+) -> dict[str, Any]:
+    """A pod with a claim from a template of its own; returns its allocated claim."""
+    cp.request(
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        claim_template(pod, TOPOLOGY_AWARE, capacity),
+    )
+    cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", claim_pod(pod, node, pod))
+    scheduled = wait_pod_scheduled(cp, namespace, pod)
+    assert scheduled["spec"]["nodeName"] == node
+    name = pod_claim_name(scheduled, "cpus")
+    assert name is not None, scheduled.get("status")
+    return get_claim(cp, namespace, name)
+
+
+def prepared_cpus(nodedra: NodedraProcess, uid: str) -> frozenset[int]:
+    spec = yaml.safe_load(nodedra.dirs.spec_path(TOPOLOGY_AWARE, uid).read_text())
+    cpus: frozenset[int] = parse_cpu_list(
+        env_of_spec(spec)[f"DRA_CPUSET_{uid.replace('-', '_')}_0"]
+    )
+    return cpus

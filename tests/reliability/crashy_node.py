@@ -3,12 +3,13 @@
     python -m tests.reliability.crashy_node ROOT POLICY OP...
 
 builds the real ResourceManager, plugin and POLICY (topology-aware or static) on the
-two-socket fixture machine with its directories under ROOT (see helpers.LocalNode), serving
-the claims listed in ROOT/claims.json through a fake of our ClusterAPI protocol; starts it
-(load the checkpoint, restore, sweep, register, publish) and runs each OP in turn:
+two-socket fixture machine with its directories under ROOT (see helpers.LocalNode), against
+the real API server of ROOT/kubeconfig, whose claims ROOT/claims.json names (letter ->
+namespace, name and UID, as the kubelet would name them); starts it (load the checkpoint,
+restore, sweep, register, publish) and runs each OP in turn:
 
-    prepare:UID[,UID...]    one NodePrepareResources request for those claims
-    unprepare:UID[,UID...]  one NodeUnprepareResources request
+    prepare:X[,Y...]        one NodePrepareResources request for the claims named X, Y...
+    unprepare:X[,Y...]      one NodeUnprepareResources request
     state                   the node's books (helpers.state_of)
 
 Every step prints one JSON line and flushes it, so what the test reads tells how far the
@@ -22,15 +23,20 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nodedra.dra import ClaimRef
+from kubernetes.config import new_client_from_config
+
+from nodedra.dra import ClaimRef, KubeClusterAPI
 from nodedra.policy import PolicyError
 from nodedra.resmgr import CheckpointError
-from tests.reliability.helpers import FileClaims, LocalNode, encode_answer
+from tests.reliability.helpers import LocalNode, encode_answer
 
 CLAIMS_FILE = "claims.json"
+KUBECONFIG_FILE = "kubeconfig"
 
 
 def emit(line: dict[str, Any]) -> None:
@@ -38,15 +44,15 @@ def emit(line: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def refs(node: LocalNode, uids: str) -> list[ClaimRef]:
-    """The kubelet's references to the claims with these UIDs, as the claims file has them."""
-    path = node.root / CLAIMS_FILE
-    claims = {c["metadata"]["uid"]: c for c in json.loads(path.read_text())}
-    found = []
-    for uid in uids.split(","):
-        meta = claims[uid]["metadata"]
-        found.append(ClaimRef(meta["namespace"], meta["name"], uid))
-    return found
+def write_claims(root: Path, refs: Mapping[str, ClaimRef]) -> None:
+    """Name the claims a crashy node may be asked about (letter -> the kubelet's ref)."""
+    (root / CLAIMS_FILE).write_text(json.dumps({k: asdict(r) for k, r in refs.items()}))
+
+
+def refs(node: LocalNode, letters: str) -> list[ClaimRef]:
+    """The kubelet's references to the claims with these letters, as the claims file has them."""
+    named = json.loads((node.root / CLAIMS_FILE).read_text())
+    return [ClaimRef(**named[letter]) for letter in letters.split(",")]
 
 
 def run(node: LocalNode, op: str) -> Any:
@@ -66,7 +72,8 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     root, policy, ops = Path(argv[0]), argv[1], argv[2:]
-    node = LocalNode(root, policy, cluster=FileClaims(root / CLAIMS_FILE))
+    api = KubeClusterAPI(new_client_from_config(str(root / KUBECONFIG_FILE)))  # type: ignore[no-untyped-call]
+    node = LocalNode(root, policy, cluster=api)
     try:
         node.manager.start()
     except (CheckpointError, PolicyError) as err:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,16 +20,27 @@ from typing import Any, cast
 
 import grpc
 import yaml
+from kubernetes.client import ApiClient, Configuration
 
-from nodedra.dra import ClaimRef, ClusterAPI, PrepareResult, RequestObserver
+from nodedra.dra import (
+    CDIStore,
+    ClaimRef,
+    ClusterAPI,
+    KubeClusterAPI,
+    PrepareResult,
+    RequestObserver,
+)
 from nodedra.dra import driver_name as policy_driver
+from nodedra.dra.kube import RESOURCE_API, RESOURCE_API_VERSION
 from nodedra.grpc_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from nodedra.policy import ExclusiveCPUPolicy, make_policy, parse_config
+from nodedra.lib import faults
+from nodedra.policy import ExclusiveCPUPolicy, PolicyConfig, make_policy, parse_config
 from nodedra.policy.ledger import env_suffix
-from nodedra.resmgr import ManagerOptions, ResourceManager
+from nodedra.resmgr import Checkpoint, ManagerOptions, ResourceManager, State
 from nodedra.topology import parse_cpu_list, read_topology
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
+from tests.peers.controlplane import ControlPlane
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +48,23 @@ SYSFS = ROOT / "tests" / "fixtures" / "sysfs" / "two-socket-smt2-numa4"
 POLICIES = ("topology-aware", "static")
 RESERVED = "0-1"
 """The reservedCPUs of every node here: the books must never hand them out."""
+
+#: Where each crash point is, as the disk shows it: (is the claim in the checkpoint, does it
+#: have a CDI spec) right after the crash. A crash anywhere else would leave another picture.
+AFTER_CRASH = {
+    faults.PREPARE_ALLOCATED: (False, False),
+    faults.PREPARE_CHECKPOINT.written: (False, False),
+    faults.PREPARE_CHECKPOINT.renamed: (True, False),
+    faults.PREPARE_COMMITTED: (True, False),
+    faults.PREPARE_SPEC.written: (True, False),
+    faults.PREPARE_SPEC.renamed: (True, True),
+    faults.PREPARE_WRITTEN: (True, True),
+    faults.UNPREPARE_RELEASED: (True, True),
+    faults.UNPREPARE_CHECKPOINT.written: (True, True),
+    faults.UNPREPARE_CHECKPOINT.renamed: (False, True),
+    faults.UNPREPARE_COMMITTED: (False, True),
+    faults.UNPREPARE_REMOVED: (False, False),
+}
 
 
 @functools.cache
@@ -51,24 +78,71 @@ def short_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-class FileClaims(FakeCluster):
-    """The in-memory ClusterAPI fake, serving the claims a test wrote to a JSON file.
+class ClaimsOnServer:
+    """Claims put on a real API server, allocated as the scheduler would leave them.
 
-    The file is read on every GET, so a test can hand claims to a nodedra in another
-    process; claims put in ``self.claims`` are served as well.
+    A claim given in the shape of ``fakes.make_claim`` is created in ``namespace`` (the
+    server assigns its UID) with a spec naming the requests its results name, and its
+    allocation is written to its status, which the server validates like the scheduler's.
     """
 
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp = cp
+        self.namespace = namespace
+        self.api = KubeClusterAPI(admin_client(cp))
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        if self.path.exists():
-            for claim in json.loads(self.path.read_text()):
-                meta = claim.get("metadata") or {}
-                if (meta.get("namespace"), meta.get("name")) == (namespace, name):
-                    return cast(dict[str, Any], claim)
-        return super().get_claim(namespace, name)
+    def create(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        """Create and allocate ``claim`` (its name is kept, its UID is the server's)."""
+        name = claim["metadata"]["name"]
+        allocation = claim["status"]["allocation"]
+        path = f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims"
+        self.cp.request(
+            "POST",
+            path,
+            {
+                "apiVersion": RESOURCE_API_VERSION,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": _requests(allocation["devices"]["results"])}},
+            },
+        )
+        stored: dict[str, Any] = self.cp.request(
+            "PATCH",
+            f"{path}/{name}/status",
+            {"status": {"allocation": allocation}},
+            content_type="application/merge-patch+json",
+        )
+        return stored
+
+
+def _requests(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Requests that results name: ``r`` exactly, ``r/s`` a first-available ``s``."""
+    subrequests: dict[str, list[str]] = {}
+    for found in results:
+        main, _, sub = str(found["request"]).partition("/")
+        names = subrequests.setdefault(main, [])
+        if sub and sub not in names:
+            names.append(sub)
+    requests: list[dict[str, Any]] = []
+    for main, subs in subrequests.items():
+        if subs:
+            first = [{"name": sub, "deviceClassName": "any"} for sub in subs]
+            requests.append({"name": main, "firstAvailable": first})
+        else:
+            requests.append({"name": main, "exactly": {"deviceClassName": "any"}})
+    return requests
+
+
+def admin_client(cp: ControlPlane) -> ApiClient:
+    """The official client, as cluster admin of ``cp``."""
+    return ApiClient(
+        Configuration(
+            host=cp.url,
+            ssl_ca_cert=str(cp.ca.pair.cert),
+            cert_file=str(cp.admin.cert),
+            key_file=str(cp.admin.key),
+        )
+    )
 
 
 class LocalNode:
@@ -79,7 +153,7 @@ class LocalNode:
         root: Path,
         policy: str,
         *,
-        cluster: ClusterAPI | None = None,
+        cluster: ClusterAPI | ClaimsOnServer | None = None,
         reserved: str = RESERVED,
         observer: RequestObserver | None = None,
         resync_period: float = 30.0,
@@ -90,7 +164,14 @@ class LocalNode:
         self.node_name = node_name
         self.registrar_dir = registrar_dir or root / "registry"
         self.policy_name = policy
-        self.cluster: ClusterAPI = cluster if cluster is not None else FakeCluster()
+        self.claims_on_server = cluster if isinstance(cluster, ClaimsOnServer) else None
+        self.cluster: ClusterAPI = (
+            cluster.api
+            if isinstance(cluster, ClaimsOnServer)
+            else cluster
+            if cluster is not None
+            else FakeCluster()
+        )
         self.config = parse_config({"policy": policy, "reservedCPUs": reserved})
         self.observer = observer
         self.resync_period = resync_period
@@ -127,7 +208,12 @@ class LocalNode:
         return self.root / "cdi"
 
     def serve(self, claim: Mapping[str, Any]) -> ClaimRef:
-        """Let the API server fake serve ``claim``; the kubelet's reference to it."""
+        """Let the API server (or its fake) serve ``claim``; the kubelet's reference to it.
+
+        On a real server the claim gets a UID of the server's: use the reference's.
+        """
+        if self.claims_on_server is not None:
+            return ref_of(self.claims_on_server.create(claim))
         meta = claim["metadata"]
         assert isinstance(self.cluster, FakeCluster)
         self.cluster.claims[(meta["namespace"], meta["name"])] = dict(claim)
@@ -255,28 +341,52 @@ def spec_cpusets(path: Path) -> list[str]:
 
 def state_of(manager: ResourceManager) -> dict[str, Any]:
     """One consistent cut of a node's books, as JSON, taken under the owner's lock."""
-    policy = cast(ExclusiveCPUPolicy, manager.policy)
     with manager:
-        saved = manager.checkpoint.load()
-        cdi = manager.plugin.cdi
-        return {
-            "policy": policy.name,
-            "claims": policy.snapshot(),
-            "checkpoint": None
-            if saved is None
-            else {"policy": saved.policy, "driver": saved.driver, "claims": dict(saved.claims)},
-            "driver": manager.driver,
-            "grantable": format_cpu_list(policy.grantable),
-            "free": format_cpu_list(policy.free_cpus()),
-            "reserved": format_cpu_list(policy.config.reserved_cpus),
-            "specs": {uid: spec_cpusets(cdi.spec_path(uid)) for uid in cdi.claim_uids()},
-            "stray_files": sorted(
-                p.name
-                for directory in (cdi.directory, manager.checkpoint.path.parent)
-                for p in (directory.iterdir() if directory.is_dir() else ())
-                if p.suffix == ".tmp"
-            ),
-        }
+        return books(
+            cast(ExclusiveCPUPolicy, manager.policy),
+            manager.checkpoint.load(),
+            manager.plugin.cdi,
+            manager.checkpoint.path.parent,
+        )
+
+
+def state_on_disk(
+    checkpoint: Path, cdi_dir: Path, config: PolicyConfig, sysfs: Path = SYSFS
+) -> dict[str, Any]:
+    """A node's books as its files say (for a nodedra that runs as a process of its own).
+
+    The policy is what a restart would make of the checkpoint; read while no request is in
+    flight, this is what the running process holds too.
+    """
+    policy = make_policy(read_topology(sysfs), config)
+    saved = Checkpoint(checkpoint).load()
+    if saved is not None:
+        policy.restore(saved.claims)
+    return books(policy, saved, CDIStore(policy_driver(policy.name), cdi_dir), checkpoint.parent)
+
+
+def books(
+    policy: ExclusiveCPUPolicy, saved: State | None, cdi: CDIStore, state_dir: Path
+) -> dict[str, Any]:
+    """The books as JSON: what the policy holds, the checkpoint, the CDI specs, leftovers."""
+    return {
+        "policy": policy.name,
+        "claims": policy.snapshot(),
+        "checkpoint": None
+        if saved is None
+        else {"policy": saved.policy, "driver": saved.driver, "claims": dict(saved.claims)},
+        "driver": policy_driver(policy.name),
+        "grantable": format_cpu_list(policy.grantable),
+        "free": format_cpu_list(policy.free_cpus()),
+        "reserved": format_cpu_list(policy.config.reserved_cpus),
+        "specs": {uid: spec_cpusets(cdi.spec_path(uid)) for uid in cdi.claim_uids()},
+        "stray_files": sorted(
+            p.name
+            for directory in (cdi.directory, state_dir)
+            for p in (directory.iterdir() if directory.is_dir() else ())
+            if p.suffix == ".tmp"
+        ),
+    }
 
 
 def held_cpus(claims: Mapping[str, Any]) -> dict[str, list[frozenset[int]]]:

@@ -1,5 +1,7 @@
 """Many kubelet requests at once, while the configuration keeps changing under them.
 
+The claims are on a real API server, allocated as the scheduler leaves them.
+
 Eight threads prepare and unprepare claims of their own (some requests fail: CPUs run out,
 or a device is reserved just then) while another thread keeps reconfiguring the policy's
 reserved CPUs, some of which reconfigurations are refused, and a third checks the books at
@@ -23,9 +25,11 @@ import pytest
 from nodedra.dra import ClaimRef
 from nodedra.policy import PolicyError, parse_config
 from nodedra.topology.cpulist import format_cpu_list
+from tests.peers.controlplane import ControlPlane
 from tests.reliability.helpers import (
     OTHER_DRIVER_RESULT,
     POLICIES,
+    ClaimsOnServer,
     LocalNode,
     check_state,
     dra_client,
@@ -124,6 +128,9 @@ class Run:
         self.failures: list[BaseException] = []
         self.done = threading.Event()
         self.claims: dict[str, dict[str, Any]] = {}
+        """Claim UID -> the claim."""
+        self.refs: dict[str, ClaimRef] = {}
+        """The claim called ``w<worker>-c<k>`` -> the kubelet's reference to it."""
         self.held: dict[int, set[str]] = {w: set() for w in range(WORKERS)}
         self.prepared = self.failed = 0
         self.accepted: list[str] = []
@@ -145,23 +152,24 @@ class Run:
 
     def worker(self, w: int) -> None:
         rng = random.Random(SEED * 100 + w)
-        mine = [f"w{w}-c{k}" for k in range(CLAIMS_PER_WORKER)]
-        refs = {uid: ClaimRef("default", f"claim-{uid}", uid) for uid in mine}
+        mine = [self.refs[f"w{w}-c{k}"] for k in range(CLAIMS_PER_WORKER)]
         with Transport(self.node, self.transport, ("v1", "v1beta1")[w % 2]) as kubelet:
             for _ in range(REQUESTS_PER_WORKER):
                 if self.done.is_set():
                     return
-                uids = rng.sample(mine, rng.randint(1, 3))
+                refs = rng.sample(mine, rng.randint(1, 3))
                 if rng.random() < 0.6:
-                    self.check_prepared(w, uids, kubelet.prepare([refs[u] for u in uids]))
+                    self.check_prepared(w, refs, kubelet.prepare(refs))
                 else:
-                    self.check_unprepared(w, uids, kubelet.unprepare([refs[u] for u in uids]))
+                    self.check_unprepared(w, refs, kubelet.unprepare(refs))
 
     def our_results(self, uid: str) -> list[dict[str, Any]]:
         results = self.claims[uid]["status"]["allocation"]["devices"]["results"]
         return [r for r in results if r["driver"] == self.node.driver]
 
-    def check_prepared(self, w: int, uids: list[str], answers: Answers) -> None:
+    def check_prepared(self, w: int, refs: list[ClaimRef], answers: Answers) -> None:
+        names = {ref.uid: str(ref) for ref in refs}
+        uids = list(names)
         assert set(answers) == set(uids)
         with self.node.manager:  # the books right after the answer (only w touches its claims)
             held = self.node.policy.claim_uids()
@@ -170,7 +178,7 @@ class Run:
         for uid, (error, devices) in answers.items():
             ours = self.our_results(uid)
             if error is not None:
-                assert f"default/claim-{uid} ({uid})" in error, error
+                assert names[uid] in error, error
                 assert not devices
                 # A failed prepare leaves nothing allocated, but a claim held stays held.
                 assert (uid in held) is (uid in self.held[w]), (uid, error)
@@ -192,7 +200,10 @@ class Run:
             with self._counts:
                 self.prepared += 1
 
-    def check_unprepared(self, w: int, uids: list[str], answers: dict[str, str | None]) -> None:
+    def check_unprepared(
+        self, w: int, refs: list[ClaimRef], answers: dict[str, str | None]
+    ) -> None:
+        uids = [ref.uid for ref in refs]
         assert answers == dict.fromkeys(uids)
         with self.node.manager:
             held = self.node.policy.claim_uids()
@@ -244,19 +255,19 @@ class Run:
 @pytest.mark.parametrize("transport", ["direct", "grpc"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_concurrent_prepares_unprepares_and_reconfigurations(
-    root: Path, policy: str, transport: str
+    control_plane: ControlPlane, namespace: str, root: Path, policy: str, transport: str
 ) -> None:
-    node = LocalNode(root, policy)
+    node = LocalNode(root, policy, cluster=ClaimsOnServer(control_plane, namespace))
     run = Run(node, policy, transport)
     rng = random.Random(SEED)
     for w in range(WORKERS):
         for k in range(CLAIMS_PER_WORKER):
-            uid = f"w{w}-c{k}"
-            run.claims[uid] = random_claim(policy, uid, rng)
+            claim = random_claim(policy, f"w{w}-c{k}", rng)
             if k == 0:  # doomed: a device the node does not have (so some prepares fail)
-                results = run.claims[uid]["status"]["allocation"]["devices"]["results"]
+                results = claim["status"]["allocation"]["devices"]["results"]
                 results.append(ta_result(9, "1") if policy == "topology-aware" else UNKNOWN_CPU)
-            node.serve(run.claims[uid])
+            ref = node.serve(claim)
+            run.refs[f"w{w}-c{k}"], run.claims[ref.uid] = ref, claim
     node.manager.start()
     try:
         workers = [
@@ -290,8 +301,7 @@ def test_concurrent_prepares_unprepares_and_reconfigurations(
         state = node.state()
         check_state(state)
         assert set(state["claims"]) == set().union(*run.held.values())
-        every = [ClaimRef("default", f"claim-{uid}", uid) for uid in run.claims]
-        assert set(node.unprepare(*every).values()) == {None}
+        assert set(node.unprepare(*run.refs.values()).values()) == {None}
         state = node.state()
         check_state(state)
         assert state["claims"] == {}

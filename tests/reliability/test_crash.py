@@ -15,21 +15,25 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nodedra.dra import KubeClusterAPI
 from nodedra.lib import faults
 from nodedra.resmgr import Checkpoint
-from tests.reliability.crashy_node import CLAIMS_FILE
+from tests.peers.controlplane import ControlPlane
+from tests.reliability.crashy_node import KUBECONFIG_FILE, write_claims
 from tests.reliability.helpers import (
+    AFTER_CRASH,
     POLICIES,
     ROOT,
-    FileClaims,
+    ClaimsOnServer,
     LocalNode,
+    admin_client,
     check_state,
     encode_answer,
     ref_of,
@@ -38,23 +42,6 @@ from tests.reliability.helpers import (
 )
 
 PREPARE_POINTS = [p for p in faults.POINTS if p.startswith("prepare-")]
-
-#: Where each crash point is, as the disk shows it: (is the claim in the checkpoint, does it
-#: have a CDI spec) right after the crash. A crash anywhere else would leave another picture.
-AFTER_CRASH = {
-    faults.PREPARE_ALLOCATED: (False, False),
-    faults.PREPARE_CHECKPOINT.written: (False, False),
-    faults.PREPARE_CHECKPOINT.renamed: (True, False),
-    faults.PREPARE_COMMITTED: (True, False),
-    faults.PREPARE_SPEC.written: (True, False),
-    faults.PREPARE_SPEC.renamed: (True, True),
-    faults.PREPARE_WRITTEN: (True, True),
-    faults.UNPREPARE_RELEASED: (True, True),
-    faults.UNPREPARE_CHECKPOINT.written: (True, True),
-    faults.UNPREPARE_CHECKPOINT.renamed: (False, True),
-    faults.UNPREPARE_COMMITTED: (False, True),
-    faults.UNPREPARE_REMOVED: (False, False),
-}
 
 
 def test_every_crash_point_is_covered() -> None:
@@ -96,29 +83,60 @@ def run_node(root: Path, policy: str, *ops: str, crash_at: str | None = None) ->
 
 
 class Scene:
-    """One node's directories, its claims file, and an in-process nodedra to set things up."""
+    """One node's directories, its claims on the API server, and an in-process nodedra.
 
-    def __init__(self, root: Path, policy: str) -> None:
+    The claims "a", "b" and "c" (helpers.sample_claim) are created in a namespace of their
+    own; the crashy node reads them from the real API server as the plugin would.
+    """
+
+    def __init__(self, root: Path, policy: str, cp: ControlPlane, namespace: str) -> None:
         self.root = root
         self.policy = policy
-        self.claims = {uid: sample_claim(policy, uid) for uid in "abc"}
-        (root / CLAIMS_FILE).write_text(json.dumps(list(self.claims.values())))
+        self.cp = cp
+        served = ClaimsOnServer(cp, namespace)
+        self.refs = {x: ref_of(served.create(sample_claim(policy, x))) for x in "abc"}
+        write_claims(root, self.refs)
+        shutil.copy(cp.admin_kubeconfig, root / KUBECONFIG_FILE)
 
-    def node(self) -> LocalNode:
-        return LocalNode(self.root, self.policy, cluster=FileClaims(self.root / CLAIMS_FILE))
+    def uid(self, letter: str) -> str:
+        return self.refs[letter].uid
 
-    def prepare(self, *uids: str) -> dict[str, dict[str, Any]]:
+    def node(self, root: Path | None = None) -> LocalNode:
+        return LocalNode(
+            root or self.root, self.policy, cluster=KubeClusterAPI(admin_client(self.cp))
+        )
+
+    def prepare(self, *letters: str) -> dict[str, dict[str, Any]]:
         """Prepare the claims in one in-process run of nodedra, started and stopped."""
         node = self.node()
         node.manager.start()
         try:
-            answers = node.prepare(*(ref_of(self.claims[uid]) for uid in uids))
+            answers = node.prepare(*(self.refs[x] for x in letters))
         finally:
             node.manager.stop()
         return {uid: encode_answer(a) for uid, a in answers.items()}
 
-    def spec(self, uid: str) -> bytes | None:
-        path = self.root / "cdi" / f"{sample_driver(self.policy)}-device_{uid}.yaml"
+    def reference(self) -> Reference:
+        """What a run without any crash gives, on a node of its own: b, then a, then c."""
+        root = short_dir("nd-ref-")
+        try:
+            node = self.node(root)
+            node.manager.start()
+            answers, claims = {}, {}
+            prefix = ""
+            for letter in "bac":
+                (answer,) = node.prepare(self.refs[letter]).values()
+                assert answer.error is None, answer.error
+                answers[letter] = encode_answer(answer)
+                prefix += letter
+                claims[prefix] = node.policy.snapshot()
+            node.manager.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return Reference(answers, claims)
+
+    def spec(self, letter: str) -> bytes | None:
+        path = self.root / "cdi" / f"{sample_driver(self.policy)}-device_{self.uid(letter)}.yaml"
         return path.read_bytes() if path.exists() else None
 
     def saved_claims(self) -> dict[str, Any]:
@@ -138,38 +156,19 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def scene_of(control_plane: ControlPlane, namespace: str, root: Path) -> Callable[[str], Scene]:
+    return lambda policy: Scene(root, policy, control_plane, namespace)
+
+
 @dataclass(frozen=True)
 class Reference:
     """What a run without any crash gives: b, then a, then c prepared, in that order."""
 
     answers: dict[str, dict[str, Any]]
+    """Letter -> the answer to its prepare."""
     claims: dict[str, dict[str, Any]]
     """The policy's snapshot after preparing b; b and a; b, a and c."""
-
-
-_references: dict[str, Reference] = {}
-
-
-def reference(policy: str) -> Reference:
-    if policy not in _references:
-        root = short_dir("nd-ref-")
-        try:
-            scene = Scene(root, policy)
-            node = scene.node()
-            node.manager.start()
-            answers, claims = {}, {}
-            prefix = ""
-            for uid in "bac":
-                (answer,) = node.prepare(ref_of(scene.claims[uid])).values()
-                assert answer.error is None, answer.error
-                answers[uid] = encode_answer(answer)
-                prefix += uid
-                claims[prefix] = node.policy.snapshot()
-            node.manager.stop()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-        _references[policy] = Reference(answers, claims)
-    return _references[policy]
 
 
 def assert_died_in(run: Run, op: str) -> None:
@@ -180,73 +179,77 @@ def assert_died_in(run: Run, op: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("point", faults.POINTS)
-def test_crash_at_point(root: Path, policy: str, point: str) -> None:
+def test_crash_at_point(scene_of: Callable[[str], Scene], policy: str, point: str) -> None:
     """Crash in claim a's prepare (or unprepare) while claim b is held; restart; retry."""
-    scene = Scene(root, policy)
+    scene = scene_of(policy)
+    a, b = scene.uid("a"), scene.uid("b")
     unprepare = point.startswith("unprepare-")
     setup = scene.prepare(*("b", "a") if unprepare else ("b",))
     assert all(answer["error"] is None for answer in setup.values()), setup
-    held_b = scene.saved_claims()["b"]
+    held_b = scene.saved_claims()[b]
     spec_b = scene.spec("b")
     assert spec_b is not None
 
     op = "unprepare:a" if unprepare else "prepare:a"
-    assert_died_in(run_node(root, policy, op, crash_at=point), op)
+    assert_died_in(run_node(scene.root, policy, op, crash_at=point), op)
 
     in_checkpoint, has_spec = AFTER_CRASH[point]
     saved = scene.saved_claims()
-    assert ("a" in saved) is in_checkpoint
+    assert (a in saved) is in_checkpoint
     assert (scene.spec("a") is not None) is has_spec
-    assert saved["b"] == held_b
+    assert saved[b] == held_b
 
-    after = run_node(root, policy, "state", "prepare:a", "state", "unprepare:a", "state")
+    after = run_node(scene.root, policy, "state", "prepare:a", "state", "unprepare:a", "state")
     assert after.returncode == 0, after.stderr[-2000:]
     started, prepared, with_a, unprepared, without_a = after.results()
     # Restored as committed; a spec whose claim was not committed was swept at the start.
     # A claim committed without its spec is one only the kubelet's retry completes.
     check_state(started, every_claim_has_a_spec=(in_checkpoint, has_spec) != (True, False))
-    assert ("a" in started["claims"]) is in_checkpoint
+    assert (a in started["claims"]) is in_checkpoint
     for state in (with_a, without_a):
         check_state(state)
     for state in (started, with_a, without_a):
-        assert state["claims"]["b"] == held_b
+        assert state["claims"][b] == held_b
 
-    ref = reference(policy)
-    assert prepared == {"a": ref.answers["a"]}, "the retried prepare differs from a clean one"
+    ref = scene.reference()
+    assert prepared == {a: ref.answers["a"]}, "the retried prepare differs from a clean one"
     assert with_a["claims"] == ref.claims["ba"], "the retried prepare allocated differently"
     if in_checkpoint:
         assert with_a["claims"] == started["claims"], "the retried prepare allocated more"
-    assert unprepared == {"a": None}
+    assert unprepared == {a: None}
     assert without_a["claims"] == ref.claims["b"]
     assert scene.spec("b") == spec_b, "claim b's CDI spec changed"
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("point", PREPARE_POINTS)
-def test_crash_while_kubelet_reprepares(root: Path, policy: str, point: str) -> None:
+def test_crash_while_kubelet_reprepares(
+    scene_of: Callable[[str], Scene], policy: str, point: str
+) -> None:
     """A restarted kubelet re-prepares claim a (held) with a new claim c; the crash hits a.
 
     Claims a and b must come out of it exactly as they were: same grants, same specs. A
     failed or interrupted re-prepare never takes anything from running containers.
     """
-    scene = Scene(root, policy)
+    scene = scene_of(policy)
+    a, c = scene.uid("a"), scene.uid("c")
     first = scene.prepare("b", "a")
     held = scene.saved_claims()
-    specs = {uid: scene.spec(uid) for uid in "ab"}
+    specs = {x: scene.spec(x) for x in "ab"}
 
     op = "prepare:a,c"
-    assert_died_in(run_node(root, policy, op, crash_at=point), op)
+    assert_died_in(run_node(scene.root, policy, op, crash_at=point), op)
     assert scene.saved_claims() == held
-    assert {uid: scene.spec(uid) for uid in "ab"} == specs
+    assert {x: scene.spec(x) for x in "ab"} == specs
     assert scene.spec("c") is None
 
-    after = run_node(root, policy, "state", op, "state")
+    after = run_node(scene.root, policy, "state", op, "state")
     assert after.returncode == 0, after.stderr[-2000:]
     started, prepared, with_c = after.results()
     check_state(started)
     check_state(with_c)
     assert started["claims"] == held
-    ref = reference(policy)
-    assert prepared == {"a": first["a"], "c": ref.answers["c"]}
+    ref = scene.reference()
+    assert prepared == {a: first[a], c: ref.answers["c"]}
     assert with_c["claims"] == ref.claims["bac"]
-    assert {uid: scene.spec(uid) for uid in "ab"} == specs
+    assert {x: scene.spec(x) for x in "ab"} == specs

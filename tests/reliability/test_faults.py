@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import ApiClient
 
 from nodedra.dra import KubeAPIError, KubeClusterAPI, RecoverableError, RequestReport
+from nodedra.dra.kube import RESOURCE_API
 from nodedra.dra.publisher import SlicePublisher
 from nodedra.dra.slices import SliceApplier
 from nodedra.policy import PolicyError, parse_config
@@ -41,7 +42,9 @@ from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_ga
 from tests.peers.kubelet import KubeletHarness
 from tests.reliability.helpers import (
     POLICIES,
+    ClaimsOnServer,
     LocalNode,
+    admin_client,
     check_state,
     ref_of,
     sample_claim,
@@ -51,7 +54,6 @@ from tests.reliability.helpers import (
 from tests.unit.dra.fakes import NODE, FakeCluster, devices, make_claim
 
 STATIC = "static.nri.io"
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 
 
 @pytest.fixture
@@ -274,17 +276,6 @@ def own_control_plane(peer_binaries: PeerBinaries) -> Iterator[ControlPlane]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def admin_client(cp: ControlPlane) -> ApiClient:
-    return ApiClient(
-        Configuration(
-            host=cp.url,
-            ssl_ca_cert=str(cp.ca.pair.cert),
-            cert_file=str(cp.admin.cert),
-            key_file=str(cp.admin.key),
-        )
-    )
-
-
 def test_api_server_outage(
     own_control_plane: ControlPlane, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -369,56 +360,56 @@ def test_a_resync_cuts_a_publishing_backoff_short() -> None:
         publisher.stop()
 
 
-# --- (c) the CDI directory cannot be written -------------------------------------------------
+# --- (c) the CDI or state directory cannot be written ----------------------------------------
 
 
-def _mount(*args: str) -> bool:
+def _mount(*args: str) -> None:
+    """Run mount(8); fail the test, saying why, when that cannot be done here."""
+    if os.geteuid() != 0:
+        pytest.fail(
+            "this test mounts a tmpfs to make a directory full (ENOSPC) or read-only (EROFS), "
+            "which takes root: run the suite as root (CI does)",
+            pytrace=False,
+        )
     try:
-        done = subprocess.run(["mount", *args], capture_output=True, check=False, timeout=30)
-    except OSError:
-        return False
-    return done.returncode == 0
+        done = subprocess.run(
+            ["mount", *args], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError as err:
+        pytest.fail(f"cannot run mount {' '.join(args)}: {err}", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(
+            f"mount {' '.join(args)} failed ({done.stderr.strip()}): this test needs to mount "
+            "a tmpfs (a size-limited one, remounted read-only) to produce the fault it tests",
+            pytrace=False,
+        )
 
 
 class BrokenDir:
-    """A directory that writes fail in, until it is repaired.
+    """A directory that writes fail in, until it is repaired: a tmpfs mounted over it.
 
-    "full": a tiny tmpfs mounted on it and filled up (ENOSPC); "read-only": a tmpfs mounted
-    read-only (EROFS). Where mounting is not allowed the directory is made unwritable
-    instead: for a user other than root by its mode (EACCES); for root, who ignores modes,
-    by a regular file in its place (ENOTDIR).
+    "full": a 64 KiB tmpfs filled up, so writes fail with ENOSPC; "read-only": the tmpfs
+    remounted read-only, so they fail with EROFS. These are the faults of a real node's
+    full or read-only disk; nothing else stands in for them.
     """
 
     def __init__(self, path: Path, fault: str) -> None:
         self.path = path
         self.fault = fault
         path.mkdir(parents=True, exist_ok=True)
-        self.saved = {p.name: p.read_bytes() for p in path.iterdir()}
-        self.root = os.geteuid() == 0
-        self.mounted = self.root and _mount(
-            "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(path)
-        )
-        if self.mounted:
-            code = errno.ENOSPC if fault == "full" else errno.EROFS
-        else:
-            code = errno.ENOTDIR if self.root else errno.EACCES
-        self.reason = os.strerror(code)
+        self.saved = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
+        _mount("-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(path))
+        self.mounted = True
+        self.reason = os.strerror(errno.ENOSPC if fault == "full" else errno.EROFS)
         """What the failing writes say."""
         self.broken = False
 
     def break_(self) -> None:
         self.broken = True
-        if not self.mounted:
-            if self.root:
-                shutil.rmtree(self.path)
-                self.path.write_text("not a directory\n")
-            else:
-                self.path.chmod(0o555)
-            return
         for name, data in self.saved.items():
             (self.path / name).write_bytes(data)
         if self.fault == "read-only":
-            assert _mount("-o", "remount,ro", str(self.path))
+            _mount("-o", "remount,ro", str(self.path))
             return
         filler = os.open(self.path / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -432,17 +423,10 @@ class BrokenDir:
         if not self.broken:
             return
         self.broken = False
-        if self.mounted and self.fault == "full":
+        if self.fault == "full":
             (self.path / "filler").unlink()
-        elif self.mounted:
-            assert _mount("-o", "remount,rw", str(self.path))
-        elif not self.root:
-            self.path.chmod(0o755)
         else:
-            self.path.unlink()
-            self.path.mkdir()
-            for name, data in self.saved.items():
-                (self.path / name).write_bytes(data)
+            _mount("-o", "remount,rw", str(self.path))
 
     def unmount(self) -> None:
         """Put what the tmpfs holds into the directory below it."""
@@ -455,8 +439,8 @@ class BrokenDir:
 
 
 @contextlib.contextmanager
-def failing_cdi_dir(path: Path, fault: str) -> Iterator[BrokenDir]:
-    """The CDI directory ``path`` broken (see BrokenDir) for the ``with`` block."""
+def failing_dir(path: Path, fault: str) -> Iterator[BrokenDir]:
+    """The directory ``path`` broken (see BrokenDir) for the ``with`` block."""
     broken = BrokenDir(path, fault)
     try:
         broken.break_()
@@ -468,17 +452,19 @@ def failing_cdi_dir(path: Path, fault: str) -> Iterator[BrokenDir]:
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_cdi_dir_that_cannot_be_written(root: Path, policy: str, fault: str) -> None:
-    node = LocalNode(root, policy)
+def test_cdi_dir_that_cannot_be_written(
+    control_plane: ControlPlane, namespace: str, root: Path, policy: str, fault: str
+) -> None:
+    node = LocalNode(root, policy, cluster=ClaimsOnServer(control_plane, namespace))
     held, new = (node.serve(sample_claim(policy, uid)) for uid in ("b", "a"))
     node.manager.start()
     try:
-        assert node.prepare(held)["b"].error is None
+        assert node.prepare(held)[held.uid].error is None
         books = node.policy.snapshot()
         checkpoint = node.checkpoint_bytes()
-        with failing_cdi_dir(node.cdi_dir, fault) as broken:
-            error = str(node.prepare(new)["a"].error)
-            assert error.startswith("claim default/claim-a (a): ")
+        with failing_dir(node.cdi_dir, fault) as broken:
+            error = str(node.prepare(new)[new.uid].error)
+            assert error.startswith(f"claim {new}: ")
             assert f"CDI spec in {node.cdi_dir}" in error or f"CDI spec to {node.cdi_dir}" in error
             assert broken.reason in error
             # Nothing stays allocated: not in the policy, not in the checkpoint.
@@ -486,17 +472,51 @@ def test_cdi_dir_that_cannot_be_written(root: Path, policy: str, fault: str) -> 
             assert node.checkpoint_bytes() == checkpoint
             if fault == "read-only":
                 # The release is made, and durable; only the spec is left for a retry.
-                error = str(node.unprepare(held)["b"])
-                assert error.startswith("claim default/claim-b (b): released, but removing its")
+                error = str(node.unprepare(held)[held.uid])
+                assert error.startswith(f"claim {held}: released, but removing its")
                 assert node.policy.snapshot() == {}
                 assert json.loads(node.checkpoint_bytes() or b"")["data"]["claims"] == {}
             broken.repair()
         if fault == "read-only":
             # A spec is all a failure leaves behind; the kubelet's retry removes it.
-            assert node.manager.plugin.cdi.claim_uids() == ["b"]
-            assert node.unprepare(held) == {"b": None}
+            assert node.manager.plugin.cdi.claim_uids() == [held.uid]
+            assert node.unprepare(held) == {held.uid: None}
         check_state(node.state())
-        assert node.prepare(new)["a"].error is None
+        assert node.prepare(new)[new.uid].error is None
+        check_state(node.state())
+    finally:
+        node.manager.stop()
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_state_dir_that_cannot_be_written(
+    control_plane: ControlPlane, namespace: str, root: Path, policy: str, fault: str
+) -> None:
+    """No commit, no allocation: a claim whose checkpoint write fails gets nothing."""
+    node = LocalNode(root, policy, cluster=ClaimsOnServer(control_plane, namespace))
+    held, new = (node.serve(sample_claim(policy, uid)) for uid in ("b", "a"))
+    node.manager.start()
+    try:
+        assert node.prepare(held)[held.uid].error is None
+        books = node.policy.snapshot()
+        checkpoint = node.checkpoint_bytes()
+        state_dir = node.manager.checkpoint.path.parent
+        with failing_dir(state_dir, fault) as broken:
+            error = str(node.prepare(new)[new.uid].error)
+            assert error.startswith(f"claim {new}: committing the allocation failed")
+            assert broken.reason in error
+            assert node.policy.snapshot() == books
+            assert node.checkpoint_bytes() == checkpoint
+            assert node.manager.plugin.cdi.claim_uids() == [held.uid], "a spec without a commit"
+            # An unprepare that cannot be committed keeps the claim's spec for the retry.
+            error = str(node.unprepare(held)[held.uid])
+            assert error.startswith(f"claim {held}: committing the release failed")
+            assert node.manager.plugin.cdi.claim_uids() == [held.uid]
+            broken.repair()
+        assert node.unprepare(held) == {held.uid: None}
+        check_state(node.state())
+        assert node.prepare(new)[new.uid].error is None
         check_state(node.state())
     finally:
         node.manager.stop()
@@ -576,7 +596,7 @@ def test_damaged_checkpoint_stops_the_start_until_moved_aside(root: Path, corrup
     try:
         check_state(node.state())
         assert node.state()["claims"] == {}
-        assert node.prepare(held)["b"].error is None  # the drained pod's claim, again
+        assert node.prepare(held)[held.uid].error is None  # the drained pod's claim, again
         check_state(node.state())
     finally:
         node.manager.stop()
