@@ -1,4 +1,4 @@
-"""Imports point down the layers of DESIGN.md §1: checked in fresh interpreters."""
+"""Imports point down the layers of docs/architecture.md: checked in fresh interpreters."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class CDIClaimDevice(NamedTuple):
 
     driver: str
     uid: str
-    index: int  # type: ignore[assignment]  # shadows tuple.index, as DESIGN.md names it
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as the seed API names it
 
 
 class HasCDIDevices(Protocol):
