@@ -151,13 +151,13 @@ def peer_groups() -> tuple[PeerGroup, ...]:
     return (_kubernetes_group(),)
 
 
-def _group_of() -> dict[str, PeerGroup]:
-    return {name: group for group in peer_groups() for name in group.packages}
+def _group_of(groups: Sequence[PeerGroup]) -> dict[str, PeerGroup]:
+    return {name: group for group in groups for name in group.packages}
 
 
 #: Environment variable that supplies each peer instead of building it.
 ENV_OVERRIDES: dict[str, str] = {
-    name: "NODEDRA_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) for name in _group_of()
+    name: "NODEDRA_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) for name in _group_of(peer_groups())
 }
 
 #: How many cache entries of each group to keep.
@@ -372,13 +372,14 @@ def _prune_cache(group: PeerGroup, keep: Path, log: TextIO) -> None:
 def ensure_binaries(log: TextIO = sys.stderr, names: Sequence[str] | None = None) -> PeerBinaries:
     """Return the peer binaries: supplied ones, cached ones, and otherwise freshly built
     ones (all peers, or ``names``). Raises PeerBuildError when that is impossible."""
-    group_of = _group_of()
+    groups = peer_groups()
+    group_of = _group_of(groups)
     wanted = list(group_of) if names is None else list(names)
     unknown = [n for n in wanted if n not in group_of]
     if unknown:
         raise PeerBuildError(f"unknown peers {unknown}; known: {', '.join(group_of)}")
     paths = _supplied(log)
-    for group in peer_groups():
+    for group in groups:
         missing = [n for n in wanted if n not in paths and group_of[n] is group]
         if not missing:
             continue
