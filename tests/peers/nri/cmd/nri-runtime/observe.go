@@ -78,6 +78,14 @@ type unsolicitedRecord struct {
 	Error  string   `json:"error,omitempty"`
 }
 
+// refusal is a plugin connection the adaptation gave up on before it was synchronized:
+// registration refused or timed out, Configure failed or answered with invalid events.
+type refusal struct {
+	At     int64  `json:"at"`
+	Plugin string `json:"plugin,omitempty"` // empty if it never registered
+	Error  string `json:"error"`
+}
+
 // eventRecord is one request the adaptation sent to a plugin (other than Synchronize).
 type eventRecord struct {
 	Seq       int    `json:"seq"`
@@ -98,6 +106,7 @@ type observer struct {
 	syncs       []*syncRecord
 	current     *syncRecord // the sync in progress (syncs are serial)
 	unsolicited []*unsolicitedRecord
+	refusals    []refusal
 	events      []eventRecord
 	eventsSeen  int
 	debug       bool
@@ -380,6 +389,7 @@ const (
 	logClosed       = "connection to plugin %q closed"
 	logSyncFailed   = "failed to synchronize plugin: %v"
 	logDropPrefix   = "closing plugin %s, "
+	logStartFailed  = "failed to start external plugin: %v"
 )
 
 // Debugf, Infof, Warnf and Errorf make the observer the adaptation's logger
@@ -422,6 +432,14 @@ func (o *observer) logLine(level, format string, args []any) {
 		if p := o.plugin(name()); p != nil && !p.Closed {
 			p.Closed, p.ClosedAt = true, now
 		}
+	case format == logStartFailed:
+		r := refusal{At: now, Error: fmt.Sprint(args...)}
+		// A plugin that registered is the newest record, still unsynchronized.
+		if p := o.lastPlugin(); p != nil && !p.Synchronized && p.Generation == o.generation && p.Dropped == "" {
+			r.Plugin = p.Name
+			p.Dropped = "start failed: " + r.Error
+		}
+		o.refusals = append(o.refusals, r)
 	case format == logSyncFailed:
 		if p := o.lastPlugin(); p != nil {
 			p.Dropped = "synchronization failed: " + fmt.Sprint(args...)

@@ -66,10 +66,14 @@ package main
 //	      Configure; method is the ttrpc method, e.g. StateChange, event the NRI event)
 //	{"op":"plugins"}
 //	  -> {"plugins":[{"name":"10-stub","index","base","generation","registered_at",
-//	      "events","synchronized","synced_at","closed","closed_at","dropped"}],"generation":N}
+//	      "events","synchronized","synced_at","closed","closed_at","dropped"}],
+//	      "refused":[{"at","plugin","error"}],"generation":N}   (refused: connections the
+//	      adaptation gave up on before synchronizing: bad name or index, registration
+//	      timeout, Configure failed or subscribed to events the runtime does not know)
 //	{"op":"wait_plugin","name":"10-stub"}        -> {"plugin":{...}}  (connected and
 //	      synchronized to the adaptation as started now)
 //	{"op":"wait_plugin_closed","name":"10-stub"} -> {"plugin":{...}}
+//	{"op":"wait_refused","count":N}              -> {"refused":[...]}  (N refusals so far)
 //	{"op":"fail_updates","container_ids":["c1"],"error":"..."}  -> {}  (updates of those
 //	      containers fail from now on, as a runc error would; "error":"" heals them)
 //	{"op":"restart","down":0.5}  -> {"generation":N}  (a containerd restart: connections
@@ -240,7 +244,16 @@ func (h *harness) dispatch(ctx context.Context, req request) (map[string]any, er
 		for _, p := range h.obs.plugins {
 			out = append(out, *p)
 		}
-		return map[string]any{"plugins": out, "generation": h.obs.generation}, nil
+		refused := append([]refusal{}, h.obs.refusals...)
+		return map[string]any{"plugins": out, "refused": refused, "generation": h.obs.generation}, nil
+	case "wait_refused":
+		err := h.obs.wait(ctx, func() bool { return len(h.obs.refusals) >= req.Count })
+		if err != nil {
+			return nil, fmt.Errorf("waiting for %d refused plugin connections: %w", req.Count, err)
+		}
+		h.obs.mu.Lock()
+		defer h.obs.mu.Unlock()
+		return map[string]any{"refused": append([]refusal{}, h.obs.refusals...)}, nil
 	case "wait_plugin", "wait_plugin_closed":
 		return h.waitPlugin(ctx, req.Name, req.Op == "wait_plugin_closed")
 	case "fail_updates":
@@ -339,6 +352,9 @@ func (h *harness) waitPlugin(ctx context.Context, name string, closed bool) (map
 		state := "never registered"
 		if p := h.obs.plugin(name); p != nil {
 			state = fmt.Sprintf("last seen %+v (runtime generation %d)", *p, h.obs.generation)
+		}
+		if n := len(h.obs.refusals); n > 0 {
+			state += fmt.Sprintf("; last refused connection: %+v", h.obs.refusals[n-1])
 		}
 		if closed {
 			return nil, fmt.Errorf("plugin %s did not disconnect (%s): %w", name, state, err)

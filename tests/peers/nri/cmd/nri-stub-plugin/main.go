@@ -11,7 +11,8 @@
 //	{"<claim uid>": {"cpus": "2-3", "mems": "0"}, ...}
 //
 // read at start and again on SIGHUP; after a reload it sends unsolicited UpdateContainers
-// for the containers whose pinning changed. It reconnects when the runtime goes away.
+// for the containers whose pinning changed (with --ignore-failure, marked so). It
+// reconnects when the runtime goes away.
 package main
 
 import (
@@ -54,10 +55,11 @@ type tracked struct {
 }
 
 type pinner struct {
-	claimsFile string
-	driver     string
-	online     cpuset.Set
-	onlineMems string
+	claimsFile    string
+	driver        string
+	online        cpuset.Set
+	onlineMems    string
+	ignoreFailure bool // set ignore_failure on unsolicited updates
 
 	mu         sync.Mutex
 	claims     map[string]claim
@@ -75,6 +77,7 @@ func main() {
 		onlineCPUs = flag.String("online-cpus", "", "the node's online CPUs, e.g. 0-15 (required)")
 		onlineMems = flag.String("online-mems", "", "memory nodes of the shared pool (default: leave mems alone)")
 		retry      = flag.Duration("reconnect-delay", 100*time.Millisecond, "pause before reconnecting to the runtime")
+		ignore     = flag.Bool("ignore-failure", false, "mark unsolicited updates ignore_failure")
 	)
 	flag.Parse()
 	online, err := cpuset.Parse(*onlineCPUs)
@@ -82,11 +85,12 @@ func main() {
 		fatalf("--online-cpus %q: a non-empty CPU list is required", *onlineCPUs)
 	}
 	p := &pinner{
-		claimsFile: *claimsFile,
-		driver:     *driver,
-		online:     online,
-		onlineMems: *onlineMems,
-		containers: map[string]*tracked{},
+		claimsFile:    *claimsFile,
+		driver:        *driver,
+		online:        online,
+		onlineMems:    *onlineMems,
+		ignoreFailure: *ignore,
+		containers:    map[string]*tracked{},
 	}
 	if err := p.loadClaims(); err != nil {
 		fatalf("%v", err)
@@ -398,6 +402,7 @@ func (p *pinner) reload() {
 	var updates []*api.ContainerUpdate
 	for _, id := range ids {
 		if u := p.repin(p.containers[id]); u != nil {
+			u.IgnoreFailure = p.ignoreFailure
 			updates = append(updates, u)
 		}
 	}
