@@ -10,6 +10,8 @@ containerd does. The tests of nodedra's own NRI plugin can then trust what it re
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from tests.peers.nri_runtime import (
@@ -53,6 +55,23 @@ def test_harness_embeds_the_nri_version_it_stands_for(
     assert info.fills_cdi_devices == (version == "v0.12.5")
     assert (info.registration_timeout_ms, info.request_timeout_ms) == (5000, 2000)
     assert len(str(runtime.socket)) <= 107
+
+
+def test_silent_connection_is_refused_after_the_registration_timeout(
+    nri_runtime_factory: NRIFactory, version: str
+) -> None:
+    runtime = nri_runtime_factory(version, registration_timeout=0.5)
+    assert runtime.ping().registration_timeout_ms == 500
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(runtime.socket))  # and never registers
+        (refusal,) = runtime.wait_refused(1)
+        assert "timed out" in refusal.error
+        assert refusal.plugin == ""
+        conn.settimeout(10)
+        assert conn.recv(1) == b"", "the runtime did not close the connection"
+    # A plugin that does register afterwards is taken.
+    nri_runtime_factory.stub_plugin(runtime)
+    assert [p.name for p in runtime.plugins()] == [STUB]
 
 
 def test_registration_configure_and_synchronize(
@@ -239,6 +258,28 @@ def test_failed_unsolicited_update_leaves_the_container_and_fails_the_call(
     model = {c.id: c for c in runtime.containers()}
     assert model["held"].cpus == "2-3"  # unchanged
     assert model["free"].cpus == "0-3,6-15"
+
+
+def test_failed_update_marked_ignore_failure_is_not_reported(
+    nri_runtime_factory: NRIFactory, version: str
+) -> None:
+    runtime = _runtime_with_pod(nri_runtime_factory, version)
+    plugin = nri_runtime_factory.stub_plugin(
+        runtime, claims={CLAIM: ("2-3", "0")}, ignore_failure=True
+    )
+    runtime.create_container(
+        ContainerSpec("held", "pod-a", env=[f"{env_name(CLAIM, 0)}=x"]), start=True
+    )
+    runtime.fail_updates(["held"])
+
+    plugin.set_claims({CLAIM: ("4-5", "0")})
+    (call,) = runtime.wait_unsolicited(1)
+    assert call.failed == ()
+    assert not call.error
+    (outcome,) = call.outcomes
+    assert outcome.ignore_failure
+    assert outcome.outcome.startswith("ignored failure:")
+    assert runtime.container("held").cpus == "2-3"  # unchanged all the same
 
 
 def test_runtime_restart_plugin_reconnects_and_resynchronizes(

@@ -50,6 +50,7 @@ __all__ = [
     "PluginRecord",
     "Pod",
     "PodSpec",
+    "Refusal",
     "Resources",
     "RuntimeInfo",
     "StopResult",
@@ -650,6 +651,21 @@ class PluginRecord:
         return bool(self.events & EVENT_MASKS[event])
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A plugin connection the adaptation gave up on before synchronizing it (bad name or
+    index, registration timeout, Configure failed or asked for unknown events). ``plugin``
+    is empty if it never registered."""
+
+    at: int
+    plugin: str
+    error: str
+
+
+def _refusals(data: Iterable[Mapping[str, Any]] | None) -> list[Refusal]:
+    return [Refusal(int(r["at"]), r.get("plugin") or "", r["error"]) for r in data or ()]
+
+
 # -- the harness ------------------------------------------------------------------------------
 
 
@@ -999,6 +1015,13 @@ class NRIRuntime:
     def plugins(self) -> list[PluginRecord]:
         return [PluginRecord.from_json(p) for p in self.call("plugins")["plugins"]]
 
+    def refusals(self) -> list[Refusal]:
+        return _refusals(self.call("plugins").get("refused"))
+
+    def wait_refused(self, count: int, timeout: float = 30.0) -> list[Refusal]:
+        """Wait until the adaptation has refused ``count`` plugin connections in total."""
+        return _refusals(self.call("wait_refused", timeout=timeout, count=count)["refused"])
+
     def wait_plugin(self, name: str, timeout: float = 30.0) -> PluginRecord:
         """Wait until plugin ``name`` ("<idx>-<name>") is connected and synchronized to the
         adaptation as it runs now (after a restart: reconnected and resynchronized)."""
@@ -1028,7 +1051,8 @@ class GoStubPlugin:
     """The Go pinning plugin (cmd/nri-stub-plugin) connected to a runtime's socket.
 
     ``claims`` maps claim UID to (cpus, mems); :meth:`set_claims` rewrites them and makes
-    the plugin reload them, after which it sends unsolicited updates.
+    the plugin reload them, after which it sends unsolicited updates (marked
+    ignore_failure with ``ignore_failure``).
     """
 
     def __init__(
@@ -1043,6 +1067,7 @@ class GoStubPlugin:
         name: str = "stub",
         index: str = "10",
         driver: str = "",
+        ignore_failure: bool = False,
     ) -> None:
         self.binary = binary
         self.socket = socket
@@ -1052,6 +1077,7 @@ class GoStubPlugin:
         self.name = name
         self.index = index
         self.driver = driver
+        self.ignore_failure = ignore_failure
         self.claims_path = workdir / f"claims-{index}-{name}.json"
         self.log_path = workdir / f"nri-stub-plugin-{index}-{name}.log"
         self._claims: dict[str, tuple[str, str]] = dict(claims or {})
@@ -1077,6 +1103,8 @@ class GoStubPlugin:
             argv.append(f"--online-mems={self.online_mems}")
         if self.driver:
             argv.append(f"--driver={self.driver}")
+        if self.ignore_failure:
+            argv.append("--ignore-failure")
         self._process = PeerProcess(f"nri-stub-plugin {self.plugin_name}", argv, self.log_path)
         return self
 
@@ -1164,6 +1192,7 @@ class NRIFactory:
         name: str = "stub",
         index: str = "10",
         driver: str = "",
+        ignore_failure: bool = False,
         wait: bool = True,
     ) -> GoStubPlugin:
         """Start the Go stub plugin (built at the runtime's NRI version) on ``runtime``'s
@@ -1178,6 +1207,7 @@ class NRIFactory:
             name=name,
             index=index,
             driver=driver,
+            ignore_failure=ignore_failure,
         )
         self.plugins.append(plugin)
         plugin.start()
