@@ -11,6 +11,8 @@
   (opt-in: only end-to-end tests need them).
 * `admin_api`: an official `kubernetes` client ApiClient as cluster admin.
 * `kubelet_factory`, `go_driver_factory`, `ready_node`, `namespace`: per test.
+* `nri_runtime_factory`: NRI runtime-side harnesses (pkg/adaptation, as containerd embeds
+  it) at a given NRI version, and Go stub plugins on them (tests.peers.nri_runtime), per test.
 * `nodedra_installed`: the control plane with the admin's part of manifests/ applied;
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
@@ -48,6 +50,7 @@ from tests.peers.nodedra_node import (
     pod_identity,
     write_config,
 )
+from tests.peers.nri_runtime import NRIFactory
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
@@ -272,6 +275,18 @@ def go_driver_factory(
     control_plane: ControlPlane, peer_binaries: PeerBinaries, peer_workdir: Path
 ) -> Iterator[GoDriverFactory]:
     factory = GoDriverFactory(control_plane, peer_binaries, peer_workdir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture
+def nri_runtime_factory(peer_binaries: PeerBinaries, peer_workdir: Path) -> Iterator[NRIFactory]:
+    """``factory(version)`` starts an NRI runtime harness at that NRI version (one of
+    ``NRI_VERSIONS``) on a short socket path; ``factory.stub_plugin(runtime)`` connects the
+    Go stub plugin to it. Everything is stopped after the test."""
+    factory = NRIFactory(peer_binaries, peer_workdir)
     try:
         yield factory
     finally:

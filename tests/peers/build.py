@@ -5,8 +5,9 @@ The peers are built from official Go modules in groups, one Go module each (see
 (kube-apiserver, kube-scheduler, kube-controller-manager from k8s.io/kubernetes,
 an etcd server from go.etcd.io/etcd/server/v3, plus our own small Go programs:
 the kubelet DRA harness and the Go reference driver), and groups of their own for
-peers whose dependency pins differ. Building takes many minutes on a small
-machine, so the binaries are cached outside the repository, under
+peers whose dependency pins differ: the NRI runtime harness and Go stub plugin of
+``tests/peers/nri``, once per NRI version in ``NRI_VERSIONS``. Building takes many
+minutes on a small machine, so the binaries are cached outside the repository, under
 ``$XDG_CACHE_HOME/nodedra/peers/<group>-<source hash>/`` (default ``~/.cache``).
 The hash covers the group's Go sources, go.mod, go.sum and build flags, so changed
 harness code gets rebuilt and unchanged code is reused.
@@ -146,9 +147,47 @@ def _kubernetes_group() -> PeerGroup:
     )
 
 
+#: The NRI versions the runtime-side harness is built at, oldest first; tests parametrize
+#: over this. Each is what a line of containerd releases embeds (see NRI_CONTAINERD).
+NRI_VERSIONS: tuple[str, ...] = ("v0.8.0", "v0.11.0", "v0.12.5")
+
+#: Which containerd releases embed each NRI version (for documentation and test ids).
+#: containerd 2.3.x vendors v0.12.0 and 2.4.x v0.12.3; v0.12.5 is the newest patch release
+#: of that line, with the same protocol plus optional failure policies.
+NRI_CONTAINERD: dict[str, str] = {
+    "v0.8.0": "containerd 2.0/2.1",
+    "v0.11.0": "containerd 2.2",
+    "v0.12.5": "containerd 2.3/2.4",
+}
+
+#: How each NRI version is built: the module file of tests/peers/nri and the build tag
+#: selecting what differs between the containerd releases that embed it.
+_NRI_BUILDS: dict[str, tuple[str | None, str]] = {
+    "v0.8.0": ("v0.8.0.mod", "nri_v08"),
+    "v0.11.0": ("v0.11.0.mod", "nri_v11"),
+    "v0.12.5": (None, "nri_v12"),
+}
+
+NRI_MODULE = PEERS_DIR / "nri"
+
+
+def _nri_group(version: str) -> PeerGroup:
+    modfile, tag = _NRI_BUILDS[version]
+    return PeerGroup(
+        name=f"nri-{version}",
+        module=NRI_MODULE,
+        packages={
+            f"nri-runtime-{version}": "./cmd/nri-runtime",
+            f"nri-stub-plugin-{version}": "./cmd/nri-stub-plugin",
+        },
+        modfile=modfile,
+        tags=(tag,),
+    )
+
+
 def peer_groups() -> tuple[PeerGroup, ...]:
     """Every group of peers the tests and benchmarks use."""
-    return (_kubernetes_group(),)
+    return (_kubernetes_group(), *(_nri_group(v) for v in NRI_VERSIONS))
 
 
 def _group_of(groups: Sequence[PeerGroup]) -> dict[str, PeerGroup]:
@@ -220,6 +259,14 @@ class PeerBinaries:
     def go_driver(self) -> Path:
         return self.paths["go-driver"]
 
+    def nri_runtime(self, version: str) -> Path:
+        """The NRI runtime-side harness (pkg/adaptation) at NRI ``version``."""
+        return self.paths[f"nri-runtime-{version}"]
+
+    def nri_stub_plugin(self, version: str) -> Path:
+        """The Go pinning plugin on pkg/stub at NRI ``version``."""
+        return self.paths[f"nri-stub-plugin-{version}"]
+
 
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -263,7 +310,7 @@ def _find_go() -> str:
                 break
     if go is None:
         raise PeerBuildError(
-            f"cannot build the Kubernetes test peers: no `go` command found on PATH. {SUPPLY_HINT}"
+            f"cannot build the test peers: no `go` command found on PATH. {SUPPLY_HINT}"
         )
     return go
 
@@ -413,7 +460,7 @@ def ensure_binaries(log: Log = sys.stderr, names: Sequence[str] | None = None) -
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.peers.build",
-        description="Build (or find) the Kubernetes peers for nodedra's integration tests"
+        description="Build (or find) the peers (Kubernetes, NRI) for nodedra's integration tests"
         " and print their paths.",
     )
     parser.add_argument(
