@@ -297,6 +297,7 @@ class BenchCluster:
             f"--config={config}",
             f"--metrics-address={LOOPBACK}:{free_port()}",
             f"--health-address={LOOPBACK}:{free_port()}",
+            "--pinning=off",
         ]
         env = python_env()
         env["NODEDRA_WATCH_CLAIMS"] = "true" if watch_claims else "false"

@@ -7,6 +7,7 @@ regenerates them into a scratch directory and fails when they differ from what i
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -40,17 +41,22 @@ def generate(root: Path, out: Path) -> None:
             shutil.copy(root / proto, package / proto.name)
         generated = Path(scratch) / "out"
         generated.mkdir()
-        args = [
-            "grpc_tools.protoc",
-            f"--proto_path={staged}",
-            f"--python_out={generated}",
-            f"--grpc_python_out={generated}",
-            f"--mypy_out={generated}",
-            f"--mypy_grpc_out={generated}",
-            *(str(p) for p in sorted(package.glob("*.proto"))),
-        ]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed: {' '.join(args)}")
+        protos = sorted(package.glob("*.proto"))
+        # gRPC stubs only for the files that declare a service: the NRI and ttrpc messages
+        # travel over ttrpc (nodedra.nri), which calls methods by name.
+        services = [p for p in protos if re.search(r"^service ", p.read_text(), re.MULTILINE)]
+        for files, outputs in (
+            (protos, ("python_out", "mypy_out")),
+            (services, ("grpc_python_out", "mypy_grpc_out")),
+        ):
+            args = [
+                "grpc_tools.protoc",
+                f"--proto_path={staged}",
+                *(f"--{output}={generated}" for output in outputs),
+                *(str(p) for p in files),
+            ]
+            if protoc.main(args) != 0:
+                raise RuntimeError(f"protoc failed: {' '.join(args)}")
         (out / FOLDER).mkdir(parents=True, exist_ok=True)
         for module in (generated / PACKAGE.replace(".", "/")).iterdir():
             shutil.copy(module, out / FOLDER / module.name)

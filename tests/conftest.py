@@ -367,6 +367,8 @@ class NodedraFactory:
         kubeconfig: Path | None = None,
         state_dir: Path | None = None,
         metrics_port: int | None = None,
+        pinning: str = "off",
+        nri_socket: Path | None = None,
     ) -> NodedraProcess:
         """Start an instance for ``kubelet``'s node (``node_name=None``: pass none)."""
         if not self.config.exists():
@@ -389,6 +391,8 @@ class NodedraFactory:
             pod_uid=pod_uid,
             env=env,
             metrics_port=metrics_port,
+            pinning=pinning,
+            nri_socket=nri_socket,
         )
         self.started.append(nodedra)
         return nodedra.start()

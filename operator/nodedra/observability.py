@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nodedra.dra import ClaimRef, RequestObserver, RequestReport
@@ -23,6 +23,20 @@ from nodedra.dra import ClaimRef, RequestObserver, RequestReport
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass(frozen=True)
+class PinningUsage:
+    """A snapshot of the containers' pinning."""
+
+    connected: bool
+    pinned: int
+    """Containers running on their claims' CPUs."""
+    containers: int
+    """Containers known to run on the node."""
+    shared_cpus: int
+    unreserved: int
+    """Containers seen naming claims not reserved for their pods, so far."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,8 @@ class NodeUsage:
     """NUMA node -> CPUs held by claims."""
     free_cpus: Mapping[int, int]
     """NUMA node -> grantable CPUs nobody holds."""
+    pinning: PinningUsage | None = None
+    """None when pinning is off."""
 
 
 class _UsageCollector(Collector):
@@ -43,7 +59,7 @@ class _UsageCollector(Collector):
     def __init__(self, usage: Callable[[], NodeUsage | None]) -> None:
         self._usage = usage
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         usage = self._usage()
         if usage is None:
             return
@@ -61,6 +77,21 @@ class _UsageCollector(Collector):
             for node, count in sorted(values.items()):
                 family.add_metric([str(node)], count)
             yield family
+        pinning = usage.pinning
+        if pinning is None:
+            return
+        for name, doc, value in (
+            ("nodedra_nri_connected", "1 while synchronized with the runtime.", pinning.connected),
+            ("nodedra_pinned_containers", "Containers on their claims' CPUs.", pinning.pinned),
+            ("nodedra_containers", "Containers known to run on the node.", pinning.containers),
+            ("nodedra_shared_cpus", "CPUs of the containers without claims.", pinning.shared_cpus),
+        ):
+            yield GaugeMetricFamily(name, doc, value=int(value))
+        yield CounterMetricFamily(
+            "nodedra_unreserved_claims",
+            "Containers that named claims not reserved for their pod (given the shared pool).",
+            value=pinning.unreserved,
+        )
 
 
 class Metrics:
@@ -92,6 +123,19 @@ class Metrics:
             ["observer"],
             registry=self.registry,
         )
+        self.nri_events = Counter(
+            "nodedra_nri_events",
+            "Events of the container runtime answered, by event and result.",
+            ["event", "result"],
+            registry=self.registry,
+        )
+        self.nri_latency = Histogram(
+            "nodedra_nri_event_seconds",
+            "Time to answer an event of the container runtime, by event.",
+            ["event"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.config_reloads = Counter(
             "nodedra_config_reloads",
             "Configuration changes seen, by result (applied or refused).",
@@ -106,6 +150,11 @@ class Metrics:
         for ref in report.claims:
             result = "error" if report.errors.get(ref.uid) is not None else "ok"
             self.requests.labels(report.kind, result).inc()
+
+    def event_done(self, event: str, result: str, seconds: float) -> None:
+        """Count an event of the runtime (the NRI plugin's EventObserver)."""
+        self.nri_events.labels(event, result).inc()
+        self.nri_latency.labels(event).observe(seconds)
 
 
 class Observers:

@@ -21,11 +21,12 @@ from nodedra import httpserver
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
-from nodedra.observability import Metrics, NodeUsage, Observers
+from nodedra.nri import PluginOptions
+from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, load_config, make_policy
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.settings import Settings, SettingsError, split_address
-from nodedra.topology import read_topology
+from nodedra.topology import Topology, format_cpu_list, read_topology
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,23 @@ def check_writable(directory: Path, what: str) -> None:
         raise SettingsError(f"{what} {directory} is not writable: {err.strerror or err}") from None
 
 
-def initial_config(settings: Settings) -> PolicyConfig:
-    """The configuration file, or the defaults when the default file does not exist."""
+def initial_config(settings: Settings, topology: Topology) -> PolicyConfig:
+    """The configuration file, or the defaults when the default file does not exist.
+
+    With pinning the defaults reserve the threads of the first CPU's core: containers
+    without claims must always have a CPU no claim can take.
+    """
     if settings.config_required or settings.config.exists():
         return load_config(settings.config)
-    log.info("no configuration at %s: using the defaults", settings.config)
-    return PolicyConfig()
+    reserved: frozenset[int] = frozenset()
+    if settings.pinning != "off" and topology.cpus:
+        reserved = topology.cpus[min(topology.cpus)].siblings
+    log.info(
+        "no configuration at %s: using the defaults (reserved CPUs: %s)",
+        settings.config,
+        format_cpu_list(reserved) or "none",
+    )
+    return PolicyConfig(reserved_cpus=reserved)
 
 
 class Runtime:
@@ -91,7 +103,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         topology = read_topology(settings.sysfs)
-        policy = make_policy(topology, initial_config(settings))
+        policy = make_policy(topology, initial_config(settings, topology))
         self.driver = driver_name(policy.name)
         self.api_client = api_client or kube_client(settings)
         self.server_version = check_api_server(self.api_client)
@@ -111,6 +123,12 @@ class Runtime:
                 rolling_update_uid=settings.pod_uid,
                 resync_period=settings.resync_period,
                 observer=observers,
+                pinning=settings.pinning,
+                nri=PluginOptions(
+                    socket_path=settings.nri_socket,
+                    index=settings.nri_index,
+                    observer=self.metrics,
+                ),
             ),
             on_shutdown,
         )
@@ -178,14 +196,24 @@ class Runtime:
             self._stop_metrics = None
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Whether the driver can be used on this node now, and the checks that say so."""
+        """Whether the driver can be used on this node now, and the checks that say so.
+
+        With pinning, containers must be pinned too: connected to the runtime, or standing
+        by while the other instance of a rolling update is.
+        """
         health = self.manager.plugin.health()
-        return health.ready, {
+        problems = list(health.problems)
+        pinning = self.settings.pinning != "off"
+        runtime = self.manager.runtime_ready() if pinning else None
+        if pinning and not runtime:
+            problems.append(f"containers are not pinned: {self.manager.runtime_detail()}")
+        return health.ready and runtime is not False, {
             "driver": self.driver,
             "serving": health.serving,
             "registered": health.registered,
             "published": health.published,
-            "problems": list(health.problems),
+            "runtime": runtime,
+            "problems": problems,
         }
 
     def on_slice_event(self) -> None:
@@ -219,7 +247,22 @@ class Runtime:
         try:
             policy = self.manager.policy
             allocated, free = policy.usage()
-            return NodeUsage(len(policy.devices()), len(policy.claim_uids()), allocated, free)
+            containers = self.manager.containers
+            return NodeUsage(
+                len(policy.devices()),
+                len(policy.claim_uids()),
+                allocated,
+                free,
+                pinning=None
+                if containers is None
+                else PinningUsage(
+                    connected=containers.connected,
+                    pinned=containers.pinning.pinned,
+                    containers=len(containers.pinning.containers),
+                    shared_cpus=len(policy.online_cpus() - policy.allocated_cpus()),
+                    unreserved=containers.pinning.unreserved_total,
+                ),
+            )
         finally:
             self.manager.release()
 

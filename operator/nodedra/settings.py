@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
 
@@ -44,6 +47,9 @@ class Settings:
     orphan_grace: float = 300.0
     config_poll: float = 10.0
     resync_period: float = 30.0
+    pinning: str = "required"
+    nri_socket: Path = DEFAULT_SOCKET
+    nri_index: str = "50"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,14 @@ FLAGS = (
     _Flag("orphan_grace", "NODEDRA_ORPHAN_GRACE", "seconds a claim may be gone before it counts"),
     _Flag("config_poll", "NODEDRA_CONFIG_POLL", "seconds between checks of the config file"),
     _Flag("resync_period", "NODEDRA_RESYNC_PERIOD", "seconds between ResourceSlice checks"),
+    _Flag(
+        "pinning",
+        "NODEDRA_PINNING",
+        "pin containers to their claims' CPUs: required (claims wait for the runtime), "
+        "best-effort or off",
+    ),
+    _Flag("nri_socket", "NODEDRA_NRI_SOCKET", "the container runtime's NRI socket"),
+    _Flag("nri_index", "NODEDRA_NRI_INDEX", "the NRI plugin index, two digits (50)"),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}
 
@@ -152,6 +166,15 @@ def _check(settings: Settings) -> None:
         raise SettingsError(
             f"--log-level / $NODEDRA_LOG_LEVEL: {settings.log_level!r} is not one of "
             "debug, info, warning, error"
+        )
+    if settings.pinning not in PINNING_MODES:
+        raise SettingsError(
+            f"--pinning / $NODEDRA_PINNING: {settings.pinning!r} is not one of "
+            f"{', '.join(PINNING_MODES)}"
+        )
+    if not re.fullmatch("[0-9]{2}", settings.nri_index):
+        raise SettingsError(
+            f"--nri-index / $NODEDRA_NRI_INDEX: {settings.nri_index!r} is not two digits (00-99)"
         )
     for name in ("metrics_address", "health_address"):
         address = getattr(settings, name)

@@ -279,7 +279,8 @@ class NodedraProcess:
     """One `python -m nodedra run` for a node, with its log in a file.
 
     It is started in a session of its own (stopping it reaches nothing else) with flags for
-    everything that matters; ``env`` adds variables (NODEDRA_RESYNC_PERIOD, say).
+    everything that matters; ``env`` adds variables (NODEDRA_RESYNC_PERIOD, say). Pinning
+    is off unless asked for: it needs a container runtime (``nri_socket``) to talk to.
     """
 
     def __init__(
@@ -297,6 +298,8 @@ class NodedraProcess:
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         metrics_port: int | None = None,
+        pinning: str = "off",
+        nri_socket: Path | None = None,
     ) -> None:
         self.name = name
         self.node_name = node_name
@@ -310,6 +313,8 @@ class NodedraProcess:
         self.extra_env = dict(env or {})
         self.extra_args = list(extra_args)
         self.metrics_port = metrics_port or free_port()
+        self.pinning = pinning
+        self.nri_socket = nri_socket
         self.health_port = free_port()
         self._process: PeerProcess | None = None
 
@@ -339,7 +344,11 @@ class NodedraProcess:
             f"{LOOPBACK}:{self.health_port}",
             "--log-format",
             "text",
+            "--pinning",
+            self.pinning,
         ]
+        if self.nri_socket is not None:
+            argv += ["--nri-socket", str(self.nri_socket)]
         if self.pod_uid is not None:
             argv += ["--pod-uid", self.pod_uid]
         return argv + self.extra_args

@@ -10,13 +10,13 @@ serialize kubelet requests through a lock file they share.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from nodedra.lib.locks import FileLock
 
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
@@ -113,26 +113,15 @@ class SocketFile:
                 self.path.unlink()
 
 
-# struct flock on Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid (pid_t).
-_FLOCK = "hhqqi4x"
-
-
 @contextlib.contextmanager
 def instance_lock(path: Path | None) -> Iterator[None]:
     """Hold the lock shared by the driver's instances, if there is one.
 
-    An open-file-description (OFD) fcntl lock: it excludes other processes and other
-    threads of ours alike, and it conflicts with the lock that instances built on the Go
-    kubeletplugin helper take on the same file; flock() would conflict with neither.
+    It excludes other processes and other threads of ours alike, and it conflicts with the
+    lock that instances built on the Go kubeletplugin helper take on the same file.
     """
     if path is None:
         yield
         return
-    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        whole_file = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, whole_file)
+    with FileLock(path):
         yield
-    finally:
-        os.close(fd)  # closing the last descriptor of the description releases the lock

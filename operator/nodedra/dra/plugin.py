@@ -240,6 +240,11 @@ class Plugin:
         return self._paths
 
     @property
+    def cluster_api(self) -> ClusterAPI:
+        """What the plugin reads claims and writes slices with."""
+        return self._api
+
+    @property
     def cdi(self) -> CDIStore:
         """The CDI specs of the claims this driver prepared."""
         return self._cdi

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
 
 from .config import PolicyConfig
-from .ledger import Grant, Ledger, PolicyError, grant_edits
+from .ledger import Grant, Ledger, PolicyError, grant_edits, results_named
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -46,6 +46,11 @@ class Policy(Protocol):
     @property
     def name(self) -> str:
         """The policy's name; the DRA driver is named after it."""
+        ...
+
+    @property
+    def config(self) -> PolicyConfig:
+        """The configuration in force."""
         ...
 
     def devices(self) -> list[Device]:
@@ -88,6 +93,18 @@ class Policy(Protocol):
 
     def usage(self) -> tuple[dict[int, int], dict[int, int]]:
         """CPUs held by claims and grantable CPUs free, per NUMA node."""
+        ...
+
+    def online_cpus(self) -> frozenset[int]:
+        """Every CPU of the node that is online, reserved or not."""
+        ...
+
+    def allocated_cpus(self) -> frozenset[int]:
+        """Every CPU a claim holds."""
+        ...
+
+    def results_in_environment(self, names: Iterable[str]) -> dict[str, frozenset[int]]:
+        """The claims and result indexes that environment variables ``names`` stand for."""
         ...
 
 
@@ -206,6 +223,18 @@ class ExclusiveCPUPolicy(ABC):
     def grants(self, uid: str) -> tuple[Grant, ...]:
         """What claim ``uid`` holds (KeyError if nothing)."""
         return self._ledger.grants(uid)
+
+    def online_cpus(self) -> frozenset[int]:
+        """Every CPU of the node that is online, reserved or not."""
+        return frozenset(self._topology.cpus)
+
+    def allocated_cpus(self) -> frozenset[int]:
+        """Every CPU a claim holds."""
+        return self._ledger.allocated_cpus()
+
+    def results_in_environment(self, names: Iterable[str]) -> dict[str, frozenset[int]]:
+        """The claims and result indexes our CDI edits' variable ``names`` stand for."""
+        return results_named(names)
 
     def free_cpus(self) -> frozenset[int]:
         """Grantable CPUs nobody holds."""

@@ -69,12 +69,33 @@ def env_suffix(uid: str, index: int) -> str:
     return f"{uid.replace('-', '_')}_{index}"
 
 
+CPUSET_VARIABLE = f"{ENV_PREFIX}CPUSET_"
+"""The prefix of the variable naming a result's CPUs: every result's edits have one."""
+
+
+def results_named(names: Iterable[str]) -> dict[str, frozenset[int]]:
+    """The claims and result indexes whose variables ``names`` include.
+
+    The inverse of :func:`grant_edits` on names alone (values are a container's to change,
+    and never read). A name maps back to a UID by turning ``_`` into ``-`` again:
+    Kubernetes UIDs are UUIDs, which have no ``_``.
+    """
+    found: dict[str, set[int]] = {}
+    for name in names:
+        if not name.startswith(CPUSET_VARIABLE):
+            continue
+        uid, sep, index = name[len(CPUSET_VARIABLE) :].rpartition("_")
+        if sep and uid and index.isascii() and index.isdigit():
+            found.setdefault(uid.replace("_", "-"), set()).add(int(index))
+    return {uid: frozenset(indexes) for uid, indexes in found.items()}
+
+
 def grant_edits(uid: str, index: int, grant: Grant) -> dict[str, Any]:
     """The CDI container edits of one result: environment variables naming what it got."""
     suffix = env_suffix(uid, index)
     return {
         "env": [
-            f"{ENV_PREFIX}CPUSET_{suffix}={format_cpu_list(grant.cpus)}",
+            f"{CPUSET_VARIABLE}{suffix}={format_cpu_list(grant.cpus)}",
             f"{ENV_PREFIX}MEMSET_{suffix}={format_cpu_list(grant.mems)}",
             f"{ENV_PREFIX}MEMORY_{suffix}={grant.memory}",
         ]

@@ -22,11 +22,18 @@ from nodedra.lib import faults
 from nodedra.lib.durable import remove_leftovers, replace_file
 
 KIND = "nodedra.checkpoint"
-VERSION = 1
+VERSION = 2
 FILE_NAME = "checkpoint.json"
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-MIGRATIONS: dict[int, Migration] = {}
+
+
+def _reservations_added(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 records whom each claim was reserved for; version 1 knew nothing of it."""
+    return {**data, "reservations": {}}
+
+
+MIGRATIONS: dict[int, Migration] = {1: _reservations_added}
 """``MIGRATIONS[n]`` turns the data of schema version ``n`` into that of version ``n + 1``."""
 
 
@@ -41,6 +48,9 @@ class State:
     policy: str
     driver: str
     claims: Mapping[str, Any] = field(default_factory=dict)
+    """The policy's record of the claims it holds (``Policy.snapshot()``)."""
+    reservations: Mapping[str, Any] = field(default_factory=dict)
+    """Claim UID -> its name and the pods it was reserved for, as of its prepare."""
 
 
 def _checksum(version: int, data: Mapping[str, Any]) -> str:
@@ -98,13 +108,23 @@ class Checkpoint:
                 )
             data = MIGRATIONS[old](data)
         try:
-            return State(str(data["policy"]), str(data["driver"]), dict(data["claims"]))
+            return State(
+                str(data["policy"]),
+                str(data["driver"]),
+                dict(data["claims"]),
+                dict(data["reservations"]),
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise self._corrupt(f"missing or malformed field {err}") from None
 
     def save(self, state: State, crash_points: faults.WritePoints | None = None) -> None:
         """Replace the checkpoint with ``state``, atomically and durably; raise on failure."""
-        data = {"policy": state.policy, "driver": state.driver, "claims": dict(state.claims)}
+        data = {
+            "policy": state.policy,
+            "driver": state.driver,
+            "claims": dict(state.claims),
+            "reservations": dict(state.reservations),
+        }
         document = {
             "kind": KIND,
             "version": VERSION,

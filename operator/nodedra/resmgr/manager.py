@@ -1,10 +1,10 @@
-"""The resource manager: the Owner of the DRA plugin and the host of the policy.
+"""The resource manager: the Owner of the DRA and NRI plugins and the host of the policy.
 
-It holds the one lock that every kubelet request and every change of policy state takes,
-makes each allocation durable before the plugin writes the claim's CDI spec, and runs the
-start-up in the order that leaves nothing unaccounted: load the checkpoint, let the policy
-take its claims back, remove the specs of claims nobody holds, register and publish, and
-only then serve claims.
+It holds the one lock that every kubelet request, every runtime event and every change of
+policy state takes, makes each allocation durable before the plugin writes the claim's CDI
+spec, and runs the start-up in the order that leaves nothing unaccounted: load the
+checkpoint, let the policy take its claims back, remove the specs of claims nobody holds,
+connect to the container runtime, register and publish, and only then serve claims.
 """
 
 from __future__ import annotations
@@ -12,29 +12,41 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from kubernetes import client as k8s
 
-from nodedra.dra import ClusterAPI, Options, Plugin, PluginSettings, driver_name
+from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSettings, driver_name
+from nodedra.dra.claims import claim_ref
 from nodedra.dra.endpoint import instance_lock
 from nodedra.lib import faults
-from nodedra.policy import Grant, Policy, PolicyConfig
+from nodedra.lib.locks import FileLock
+from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
+from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
 
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
+from .containers import ContainerPinner, reserved_pods
+from .pinning import Reservation
 
 log = logging.getLogger(__name__)
 
 
+NRI_ROLE_LOCK = "nri.lock"
+"""Held by the one instance of a node that is connected to the runtime (rolling updates)."""
+
+
 @dataclass(kw_only=True)
 class ManagerOptions(PluginSettings):
-    """The plugin's settings, and where the checkpoint lives."""
+    """The plugin's settings, where the checkpoint lives, and how containers are pinned."""
 
     state_dir: Path | str | None = None
     """Where the checkpoint lives; None: the plugin data directory."""
+    pinning: str = "off"
+    """One of PINNING_MODES."""
+    nri: PluginOptions = field(default_factory=PluginOptions)
 
 
 class ResourceManager:
@@ -51,14 +63,34 @@ class ResourceManager:
         self._policy = policy
         self._on_shutdown = on_shutdown
         self.driver = driver_name(policy.name)
+        if options.pinning not in PINNING_MODES:
+            raise ValueError(f"pinning mode {options.pinning!r} is not one of {PINNING_MODES}")
+        self.pinning_mode = options.pinning
+        # The manager is the plugin's policy too: it notes whom each claim is reserved for.
         self.plugin = Plugin(
             self.driver,
-            Options(
-                **options.plugin_settings(), kube_client=kube_client, owner=self, policy=policy
-            ),
+            Options(**options.plugin_settings(), kube_client=kube_client, owner=self, policy=self),
         )
         state_dir = Path(options.state_dir or self.plugin.plugin_data_dir)
         self.checkpoint = Checkpoint(state_dir / FILE_NAME)
+        self._reservations: dict[str, Reservation] = {}
+        self._updates_due = False
+        self.containers: ContainerPinner | None = None
+        self.nri: NRIPlugin | None = None
+        self._nri_role = FileLock(self.plugin.plugin_data_dir / NRI_ROLE_LOCK)
+        self._nri_waiter: threading.Thread | None = None
+        self._stopping = threading.Event()
+        if options.pinning != "off":
+            self.containers = ContainerPinner(
+                lock=lambda: self,
+                policy=policy,
+                driver=self.driver,
+                reservations=lambda: self._reservations,
+                api=self.plugin.cluster_api,
+                on_synchronized=self.plugin.allow_claims,
+            )
+            self.nri = NRIPlugin(self.containers, options.nri)
+            self._nri_socket = options.nri.socket_path
         self._saved: tuple[int, int] | None = None
         """The checkpoint file we wrote or read last; None until the first start."""
         self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
@@ -88,8 +120,15 @@ class ResourceManager:
         return True
 
     def release(self) -> None:
-        """Give the lock back."""
+        """Give the lock back; then the runtime is told of the changes made under it.
+
+        Not before: the runtime holds its own lock while it asks us about a container, and
+        that question waits for ours.
+        """
+        due, self._updates_due = self._updates_due, False
         self._lock.release()
+        if due and self.nri is not None:
+            self.nri.request_updates()
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -100,12 +139,60 @@ class ResourceManager:
     # The Owner protocol ----------------------------------------------------------------
 
     def claim_allocated(self) -> None:
-        """Save the policy's state: the allocation outlives us from here on."""
+        """Save the policy's state: the allocation outlives us from here on.
+
+        The containers that must give up its CPUs are told once the lock is released (and
+        in any case before a container of the claim starts: its creation updates them).
+        """
         self._save(faults.PREPARE_CHECKPOINT)
+        self._updates_due = True
 
     def claim_released(self) -> None:
-        """Save the policy's state after a release."""
+        """Save the policy's state after a release; its CPUs go back to the shared pool."""
         self._save(faults.UNPREPARE_CHECKPOINT)
+        self._updates_due = True
+
+    # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
+
+    def allocate_claim(
+        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
+    ) -> Sequence[Mapping[str, Any]]:
+        """The policy's allocation, and a note of whom the claim is reserved for.
+
+        With pinning required, refused while the runtime is not connected: the runtime
+        would start the claim's containers without asking us, on any CPU.
+        """
+        if self.pinning_mode == "required" and not self.runtime_ready():
+            raise RuntimeError(
+                f"not connected to the container runtime on {self._nri_socket} "
+                f"({self.runtime_detail()}): with --pinning=required claims are refused until "
+                "it is, so that no container runs unpinned; the kubelet retries"
+            )
+        edits = self._policy.allocate_claim(claim, results)
+        ref = claim_ref(claim)
+        self._reservations[ref.uid] = Reservation(ref.namespace, ref.name, reserved_pods(claim))
+        return edits
+
+    def release_claim(self, uid: str) -> None:
+        """The policy's release; the claim is reserved for nobody any more."""
+        self._policy.release_claim(uid)
+        self._reservations.pop(uid, None)
+
+    # The runtime connection ------------------------------------------------------------
+
+    def runtime_ready(self) -> bool:
+        """Whether containers are pinned now: connected, or another instance is."""
+        if self.containers is None:
+            return False
+        return self.containers.connected or not self._nri_role.held
+
+    def runtime_detail(self) -> str:
+        """The runtime connection in words."""
+        if self.containers is None:
+            return "pinning is off"
+        if not self._nri_role.held:
+            return "standing by: another instance of nodedra on this node pins containers"
+        return self.containers.detail
 
     def request_shutdown(self, reason: str) -> None:
         """Hand ``reason`` to whoever runs the process; safe from any thread."""
@@ -155,6 +242,8 @@ class ResourceManager:
             if state is not None:
                 self._check_owner(state)
                 claims = state.claims
+                self._reservations = _reservations(state)
+            self._check_pinnable(self._policy.config)
             self._policy.start(self, claims)
             self._save()
             self._sweep_specs()
@@ -163,13 +252,42 @@ class ResourceManager:
                 *self.plugin.cdi.remove_leftovers(),
             ):
                 log.info("removed %s, left by a write that a crash interrupted", leftover)
+        self._start_pinning()
         self.plugin.start()
-        self.plugin.allow_claims()
+        if self.pinning_mode != "required" or not self._nri_role.held:
+            # Otherwise the runtime's first Synchronize allows them (ContainerPinner).
+            self.plugin.allow_claims()
         log.info(
-            "resource manager started: policy %s, %d claims held",
+            "resource manager started: policy %s, %d claims held, pinning %s",
             self._policy.name,
             len(self._policy.claim_uids()),
+            self.pinning_mode,
         )
+
+    def _start_pinning(self) -> None:
+        """Connect to the runtime, unless another instance of the node is connected.
+
+        Two instances connected at once would both set the cpuset of every container, which
+        the runtime refuses. So the instance that holds the role lock connects, and the
+        other waits for it: during a rolling update the old one pins until it stops.
+        """
+        if self.nri is None:
+            return
+        if self._nri_role.acquire(blocking=False):
+            self.nri.start()
+            return
+        log.info("another instance of nodedra pins this node's containers: standing by")
+        self._nri_waiter = threading.Thread(target=self._take_over, name="nri-standby")
+        self._nri_waiter.daemon = True
+        self._nri_waiter.start()
+
+    def _take_over(self) -> None:
+        while not self._stopping.wait(0.5):
+            if self._nri_role.acquire(blocking=False):
+                assert self.nri is not None
+                log.info("the other instance stopped pinning: taking over the runtime connection")
+                self.nri.start()
+                return
 
     def stop(self) -> None:
         """Stop serving (outside the lock: requests in flight hold it), then save.
@@ -178,6 +296,12 @@ class ResourceManager:
         up first: during a rolling update the other instance may have committed since.
         """
         self.plugin.stop()
+        self._stopping.set()
+        if self._nri_waiter is not None:
+            self._nri_waiter.join()
+        if self.nri is not None and self._nri_role.held:
+            self.nri.stop()
+        self._nri_role.release()
         with instance_lock(self.plugin.sockets.lock), self:
             self._save()
 
@@ -189,12 +313,33 @@ class ResourceManager:
         instance committed during a rolling update.
         """
         with instance_lock(self.plugin.sockets.lock), self:
+            self._check_pinnable(config)
             self._policy.reconfigure(config)
 
     # Internals -------------------------------------------------------------------------
 
+    def _check_pinnable(self, config: PolicyConfig) -> None:
+        """With pinning, a configuration must leave a CPU no claim can take.
+
+        Reserved CPUs are the shared pool's for good: without one, the claims could take
+        every CPU and leave the containers without claims nowhere to run.
+        """
+        if self.nri is None:
+            return
+        if not config.reserved_cpus & self._policy.online_cpus():
+            raise PolicyError(
+                "with pinning on, reservedCPUs must name at least one online CPU: reserved "
+                "CPUs are where containers without claims always run (set reservedCPUs, "
+                "e.g. to CPU 0's core, or --pinning=off)"
+            )
+
     def _save(self, crash_points: faults.WritePoints | None = None) -> None:
-        state = State(self._policy.name, self.driver, self._policy.snapshot())
+        reservations = {
+            uid: r.to_json()
+            for uid, r in self._reservations.items()
+            if uid in self._policy.claim_uids()
+        }
+        state = State(self._policy.name, self.driver, self._policy.snapshot(), reservations)
         self.checkpoint.save(state, crash_points)
         self._saved = self.checkpoint.identity()
         self._take_view()
@@ -215,6 +360,7 @@ class ResourceManager:
         if state is not None:
             self._check_owner(state)
             self._policy.restore(state.claims)
+            self._reservations = _reservations(state)
         self._saved = current
         self._take_view()
         log.info("took back the claims another instance of %s committed", self.driver)
@@ -235,3 +381,15 @@ class ResourceManager:
             if uid not in held:
                 log.info("removing the CDI spec of claim %s, which no policy holds", uid)
                 self.plugin.cdi.remove_claim(uid)
+
+
+def _reservations(state: State) -> dict[str, Reservation]:
+    """The reservations of a checkpoint, of the claims it holds; CheckpointError if bad."""
+    try:
+        return {
+            str(uid): Reservation.from_json(record)
+            for uid, record in state.reservations.items()
+            if uid in state.claims
+        }
+    except (ValueError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"the checkpoint's reservations are malformed: {err}") from None

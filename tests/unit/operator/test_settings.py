@@ -61,6 +61,9 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_ORPHAN_GRACE": "5",
         "NODEDRA_CONFIG_POLL": "0.5",
         "NODEDRA_RESYNC_PERIOD": "2",
+        "NODEDRA_PINNING": "best-effort",
+        "NODEDRA_NRI_SOCKET": "/run/nri.sock",
+        "NODEDRA_NRI_INDEX": "07",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -69,6 +72,11 @@ def test_every_setting_has_an_environment_variable() -> None:
     assert settings.release_orphans is True
     assert settings.config_required is True
     assert settings.orphan_grace == 5.0
+    assert (settings.pinning, settings.nri_socket, settings.nri_index) == (
+        "best-effort",
+        Path("/run/nri.sock"),
+        "07",
+    )
     assert load_settings(None, to_environ(settings)) == settings
 
 
@@ -84,6 +92,8 @@ def test_every_setting_has_an_environment_variable() -> None:
         ({"NODE_NAME": "n", "NODEDRA_ORPHAN_GRACE": "soon"}, "NODEDRA_ORPHAN_GRACE: bad value"),
         ({"NODE_NAME": "n", "NODEDRA_METRICS_ADDRESS": "9464"}, "is not host:port"),
         ({"NODE_NAME": "n", "NODEDRA_HEALTH_ADDRESS": "h:99999"}, "is not host:port"),
+        ({"NODE_NAME": "n", "NODEDRA_PINNING": "always"}, "NODEDRA_PINNING: 'always' is not one"),
+        ({"NODE_NAME": "n", "NODEDRA_NRI_INDEX": "5"}, "NODEDRA_NRI_INDEX: '5' is not two digits"),
     ],
 )
 def test_bad_settings_name_the_flag(environ: dict[str, str], message: str) -> None:

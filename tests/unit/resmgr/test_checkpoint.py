@@ -103,7 +103,11 @@ def test_older_versions_are_migrated(
                 "driver": d["driverName"],
                 "claims": d["held"],
             },
-            2: lambda d: {**d, "claims": {uid: {"grants": g} for uid, g in d["claims"].items()}},
+            2: lambda d: {
+                **d,
+                "claims": {uid: {"grants": g} for uid, g in d["claims"].items()},
+                "reservations": {},
+            },
         },
     )
     old = {"policyName": "static", "driverName": "static.nri.io", "held": {"u1": []}}
@@ -112,6 +116,25 @@ def test_older_versions_are_migrated(
         json.dumps({"kind": cp.KIND, "version": 1, "data": old, "checksum": cp._checksum(1, old)})
     )
     assert checkpoint.load() == State("static", "static.nri.io", {"u1": {"grants": []}})
+
+
+def test_a_version_1_checkpoint_is_read(checkpoint: Checkpoint) -> None:
+    """What nodedra wrote before it recorded reservations still loads, with none."""
+    claims = {"u1": {"grants": [{"request": "r", "device": "cpu003", "cpus": "3"}]}}
+    data = {"policy": "static", "driver": "static.nri.io", "claims": claims}
+    checkpoint.path.parent.mkdir(parents=True)
+    checkpoint.path.write_text(
+        json.dumps({"kind": cp.KIND, "version": 1, "data": data, "checksum": cp._checksum(1, data)})
+    )
+    assert checkpoint.load() == State("static", "static.nri.io", claims, {})
+
+
+def test_reservations_are_kept(checkpoint: Checkpoint) -> None:
+    reservations = {"u1": {"namespace": "ns", "name": "c", "pods": ["p1"]}}
+    checkpoint.save(State("static", "static.nri.io", {"u1": {"grants": []}}, reservations))
+    loaded = checkpoint.load()
+    assert loaded is not None
+    assert loaded.reservations == reservations
 
 
 def test_version_without_migration_is_refused(

@@ -1,0 +1,205 @@
+"""Which container gets which CPUs: the containers of claims, and the shared pool.
+
+A container holding claims runs on the CPUs of the results it holds, with the memory of
+their NUMA nodes. Every other container (no claim, or only other drivers' claims) runs on
+the *shared pool*: the node's online CPUs less the CPUs of every prepared claim, reserved
+CPUs included, so that it is never empty.
+
+Which claims a container holds comes from its CDI device names (containerd passes them from
+2.3 on) or, where it passes none, from the names of our environment variables in it. The
+values of those variables are never read, and a claim counts for a container only if it was
+reserved for the container's pod: a container may name any claim it likes, but it gets
+only what the scheduler gave its pod.
+
+The bookkeeping here is what the runtime was last told about each container, so that a
+change (a claim prepared or unprepared, the runtime restarted) becomes the updates of
+exactly the containers it affects. Not thread-safe: the resource manager's lock guards it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nodedra.dra import container_claims
+from nodedra.nri import Container, CPUSet, Pod, Update
+from nodedra.policy import Grant
+from nodedra.topology import format_cpu_list, parse_cpu_list
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Who a prepared claim is for: its name, and the pods it was reserved for."""
+
+    namespace: str
+    name: str
+    pods: frozenset[str]
+    """UIDs of the pods in the claim's ``status.reservedFor``."""
+
+    def to_json(self) -> dict[str, object]:
+        """The checkpoint's form."""
+        return {"namespace": self.namespace, "name": self.name, "pods": sorted(self.pods)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Reservation:
+        """Read a reservation back; ValueError if it is malformed."""
+        pods = data.get("pods")
+        if not isinstance(pods, list) or not all(isinstance(p, str) for p in pods):
+            raise ValueError(f"malformed reservation {dict(data)!r}")
+        return cls(str(data.get("namespace", "")), str(data.get("name", "")), frozenset(pods))
+
+
+@dataclass(frozen=True)
+class Books:
+    """What the policy holds, as pinning needs it (read under the lock)."""
+
+    grants: Mapping[str, tuple[Grant, ...]]
+    reservations: Mapping[str, Reservation]
+    online: frozenset[int]
+    allocated: frozenset[int]
+
+    @property
+    def shared(self) -> frozenset[int]:
+        """The CPUs of every container without claims."""
+        return self.online - self.allocated
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a container gets, and why."""
+
+    cpuset: CPUSet
+    claims: Mapping[str, frozenset[int]]
+    """The claims (and result indexes) honoured; empty: the shared pool."""
+    unreserved: tuple[str, ...] = ()
+    """Claims the container names that were not reserved for its pod."""
+
+
+@dataclass
+class _Tracked:
+    container: Container
+    pod: Pod
+    told: CPUSet
+    """What the runtime runs the container with, as far as we know."""
+    pinned: bool = False
+
+
+@dataclass
+class Pinning:
+    """The containers of the node and what each should run on."""
+
+    driver: str
+    results_in_environment: Callable[[Iterable[str]], dict[str, frozenset[int]]]
+    pods: dict[str, Pod] = field(default_factory=dict)
+    containers: dict[str, _Tracked] = field(default_factory=dict)
+    unreserved_total: int = 0
+    """Containers that named a claim not reserved for their pod (for the metrics)."""
+
+    def held(self, container: Container) -> dict[str, frozenset[int]]:
+        """The claims (and result indexes) of our driver that ``container`` names."""
+        if container.cdi_devices:
+            return {
+                uid: frozenset(indexes)
+                for uid, indexes in container_claims(container, self.driver).items()
+            }
+        return self.results_in_environment(container.env_names)
+
+    def decide(self, pod: Pod, container: Container, books: Books) -> Decision:
+        """What ``container`` of ``pod`` should run on."""
+        honoured: dict[str, frozenset[int]] = {}
+        unreserved = []
+        for uid, indexes in sorted(self.held(container).items()):
+            grants = books.grants.get(uid)
+            if grants is None:
+                continue  # not a claim we hold (any more): nothing of ours to give
+            reservation = books.reservations.get(uid)
+            if not pod.uid or reservation is None or pod.uid not in reservation.pods:
+                unreserved.append(uid)
+                continue
+            usable = frozenset(i for i in indexes if i < len(grants))
+            if usable:
+                honoured[uid] = usable
+        if not honoured:
+            return Decision(CPUSet(format_cpu_list(books.shared)), {}, tuple(unreserved))
+        cpus: set[int] = set()
+        mems: set[int] = set()
+        for uid, indexes in honoured.items():
+            for index in indexes:
+                cpus |= books.grants[uid][index].cpus
+                mems |= books.grants[uid][index].mems
+        cpuset = CPUSet(format_cpu_list(cpus), format_cpu_list(mems))
+        return Decision(cpuset, honoured, tuple(unreserved))
+
+    def track(self, pod: Pod, container: Container, decision: Decision, told: CPUSet) -> None:
+        """Remember ``container`` and what the runtime runs it with; log a pinning."""
+        known = self.containers.get(container.id)
+        self.containers[container.id] = _Tracked(container, pod, told, bool(decision.claims))
+        if decision.unreserved and known is None:
+            self.unreserved_total += 1
+            log.warning(
+                "container %s of pod %s names claims %s not reserved for its pod: it gets "
+                "the shared pool, not their CPUs",
+                container.name,
+                pod,
+                ", ".join(decision.unreserved),
+            )
+        if decision.claims and (known is None or known.told != told):
+            log.info(
+                "container %s of pod %s pinned to CPUs %s, memory nodes %s (claims %s)",
+                container.name,
+                pod,
+                told.cpus,
+                told.mems or "unchanged",
+                ", ".join(f"{u} results {sorted(i)}" for u, i in decision.claims.items()),
+            )
+
+    def forget(self, container_id: str) -> None:
+        """A container stopped or went away: it no longer needs CPUs."""
+        self.containers.pop(container_id, None)
+
+    def reset(self, pods: Sequence[Pod]) -> None:
+        """Start again from what the runtime says it has (a new connection)."""
+        self.pods = {pod.id: pod for pod in pods}
+        self.containers = {}
+
+    def stale(self, books: Books, exclude: str = "") -> list[Update]:
+        """The updates that bring every known container to what it should run on now.
+
+        ``exclude`` names a container being created (the runtime refuses updates of it).
+        """
+        updates = []
+        for known in self.containers.values():
+            if known.container.id == exclude:
+                continue
+            wanted = self.decide(known.pod, known.container, books).cpuset
+            if not same(wanted, known.told):
+                updates.append(Update(known.container.id, wanted))
+        return updates
+
+    def told(self, updates: Iterable[Update], failed: Iterable[str] = ()) -> None:
+        """The runtime applied ``updates``, except for the containers in ``failed``."""
+        missed = set(failed)
+        for update in updates:
+            known = self.containers.get(update.container_id)
+            if known is not None and update.container_id not in missed:
+                known.told = merged(known.told, update.cpuset)
+
+    @property
+    def pinned(self) -> int:
+        """Containers running on the CPUs of their claims."""
+        return sum(1 for known in self.containers.values() if known.pinned)
+
+
+def same(wanted: CPUSet, current: CPUSet) -> bool:
+    """Whether a container running with ``current`` has what ``wanted`` asks for."""
+    if parse_cpu_list(wanted.cpus) != parse_cpu_list(current.cpus):
+        return False
+    return not wanted.mems or parse_cpu_list(wanted.mems) == parse_cpu_list(current.mems)
+
+
+def merged(current: CPUSet, change: CPUSet) -> CPUSet:
+    """``current`` after ``change`` (an empty field of a change leaves it as it was)."""
+    return CPUSet(change.cpus or current.cpus, change.mems or current.mems)

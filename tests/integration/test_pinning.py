@@ -1,0 +1,303 @@
+"""Container pinning end to end: ``nodedra run`` between the kubelet's DRA code and the runtime.
+
+The claims are the real scheduler's, prepared through the kubelet's own DRA manager (the
+kubelet harness); the runtime side is NRI's adaptation, the code containerd embeds (the NRI
+runtime harness), at every NRI version the supported containerd releases vendor. The test
+plays the rest of the kubelet: it starts the pod's sandbox and container in the runtime with
+the CDI devices the kubelet got, and the environment the claim's CDI spec adds (the runtime
+applies CDI edits before it asks NRI plugins). What each container runs on is the runtime's
+model, which changes exactly as containerd's would.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+
+from nodedra.dra import claim_of_cdi_device
+from nodedra.resmgr import Checkpoint
+from nodedra.topology import format_cpu_list, parse_cpu_list
+from tests.conftest import KubeletFactory, NodedraFactory
+from tests.peers.cluster import get_pod, poll
+from tests.peers.controlplane import ControlPlane
+from tests.peers.kubelet import KubeletError, KubeletHarness
+from tests.peers.nodedra_node import (
+    TOPOLOGY_AWARE,
+    NodedraProcess,
+    start_claim_pod,
+)
+from tests.peers.nri_runtime import (
+    NRI_VERSIONS,
+    BulkSpec,
+    ContainerSpec,
+    NRIFactory,
+    NRIRuntime,
+    PodSpec,
+    Resources,
+    env_name,
+)
+
+DEVICES = 4
+ONLINE = "0-55"
+"""The fixture machine's CPUs (tests/fixtures/sysfs/two-socket-smt2-numa4)."""
+RESERVED = "0"
+"""What the test configuration reserves: CPU 0 is always in the shared pool."""
+
+
+@pytest.fixture(params=NRI_VERSIONS)
+def nri_version(request: pytest.FixtureRequest) -> str:
+    version: str = request.param
+    return version
+
+
+@pytest.fixture
+def kubelet(ready_node: str, kubelet_factory: KubeletFactory) -> KubeletHarness:
+    harness = kubelet_factory(ready_node)
+    harness.wait_slice_wipe("")
+    return harness
+
+
+@dataclass
+class Node:
+    """One node: the kubelet's DRA code, the runtime, and nodedra between them."""
+
+    cp: ControlPlane
+    namespace: str
+    kubelet: KubeletHarness
+    runtime: NRIRuntime
+    factory: NodedraFactory
+    _ids: Iterator[int] = field(default_factory=itertools.count)
+    _nodedra: NodedraProcess | None = None
+
+    @property
+    def nodedra(self) -> NodedraProcess:
+        """The instance of nodedra started last."""
+        assert self._nodedra is not None
+        return self._nodedra
+
+    def start_nodedra(self, pinning: str = "required") -> NodedraProcess:
+        """A new instance of nodedra on the node, serving and synchronized."""
+        self._nodedra = self.factory(self.kubelet, pinning=pinning, nri_socket=self.runtime.socket)
+        self._nodedra.wait_serving(self.cp, self.kubelet, TOPOLOGY_AWARE, DEVICES)
+        return self._nodedra
+
+    def plain_container(self, name: str) -> str:
+        """A pod without claims and its container, created in the runtime; its ID."""
+        pod_id = f"sb-{name}"
+        self.runtime.run_pod(PodSpec(pod_id, name=name, namespace=self.namespace, uid=name))
+        ctr = ContainerSpec(f"ctr-{name}", pod_id, name="main")
+        self.runtime.create_container(ctr, start=True)
+        return ctr.id
+
+    def claim_pod(self, name: str, capacity: dict[str, str]) -> tuple[str, str]:
+        """A pod whose claim the scheduler allocated and the kubelet prepared, and its
+        container created in the runtime as the kubelet would: (claim UID, container ID)."""
+        claim = start_claim_pod(self.cp, self.namespace, self.kubelet.node_name, name, capacity)
+        ids = self.kubelet.prepare(self.namespace, name)["demo"]
+        pod = get_pod(self.cp, self.namespace, name)
+        return claim["metadata"]["uid"], self.create(pod["metadata"]["uid"], name, ids)
+
+    def create(
+        self, pod_uid: str, name: str, cdi_ids: Sequence[str], env: Sequence[str] = ()
+    ) -> str:
+        """The kubelet's CreateContainer of pod ``name`` with these CDI devices."""
+        pod_id = f"sb-{name}"
+        if pod_id not in {p.id for p in self.runtime.pods()}:
+            self.runtime.run_pod(PodSpec(pod_id, name=name, namespace=self.namespace, uid=pod_uid))
+        ctr = ContainerSpec(
+            f"ctr-{name}-{next(self._ids)}",
+            pod_id,
+            name="demo",
+            env=[*cdi_env(self.factory, cdi_ids), *env],
+            cdi_devices=list(cdi_ids),
+        )
+        self.runtime.create_container(ctr, start=True)
+        return ctr.id
+
+    def grants(self, claim_uid: str) -> tuple[frozenset[int], frozenset[int]]:
+        """The CPUs and memory nodes the checkpoint records for a claim."""
+        state = Checkpoint(self.factory.dirs.checkpoint).load()
+        assert state is not None
+        grants = state.claims[claim_uid]["grants"]
+        cpus = frozenset().union(*(parse_cpu_list(g["cpus"]) for g in grants))
+        mems = frozenset().union(*(parse_cpu_list(g["mems"]) for g in grants))
+        return cpus, mems
+
+    def cpus_of(self, container_id: str) -> frozenset[int]:
+        return parse_cpu_list(self.runtime.container(container_id).cpus)
+
+    def shared(self) -> frozenset[int]:
+        """What containers without claims should run on now: online less every claim's."""
+        state = Checkpoint(self.factory.dirs.checkpoint).load()
+        assert state is not None
+        taken = frozenset().union(
+            *(parse_cpu_list(g["cpus"]) for c in state.claims.values() for g in c["grants"])
+        )
+        return parse_cpu_list(ONLINE) - taken
+
+    def wait_cpus(self, container_id: str, expected: frozenset[int]) -> None:
+        seen: frozenset[int] = frozenset()
+
+        def check() -> bool | None:
+            nonlocal seen
+            seen = self.cpus_of(container_id)
+            return True if seen == expected else None
+
+        poll(
+            check,
+            30,
+            lambda: (
+                f"{container_id} on CPUs {format_cpu_list(expected)}, "
+                f"runs on {format_cpu_list(seen)}"
+            ),
+        )
+
+
+def cdi_env(factory: NodedraFactory, cdi_ids: Sequence[str]) -> list[str]:
+    """The environment nodedra's CDI specs of these devices add to a container (other
+    drivers' devices have specs of their own, elsewhere)."""
+    env = []
+    for qualified in cdi_ids:
+        device = claim_of_cdi_device(qualified)
+        if device is None or device.driver != TOPOLOGY_AWARE:
+            continue
+        spec = yaml.safe_load(factory.dirs.spec_path(device.driver, device.uid).read_text())
+        (found,) = [d for d in spec["devices"] if d["name"] == f"claim-{device.uid}-{device.index}"]
+        env += found["containerEdits"]["env"]
+    return env
+
+
+@pytest.fixture
+def node(  # noqa: PLR0917 (fixtures)
+    workload_controllers: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,
+    nodedra_factory: NodedraFactory,
+    nri_runtime_factory: NRIFactory,
+    nri_version: str,
+) -> Node:
+    runtime = nri_runtime_factory(nri_version, online_cpus=ONLINE, online_mems="0-3")
+    nodedra_factory.write_config({"policy": "topology-aware", "reservedCPUs": RESERVED})
+    node = Node(workload_controllers, namespace, kubelet, runtime, nodedra_factory)
+    node.start_nodedra()
+    return node
+
+
+def test_claimed_cpus_are_the_containers_and_no_one_elses(node: Node) -> None:
+    """A claim pins its container; containers without claims give its CPUs up while it is
+    prepared and get them back when it is unprepared."""
+    plain = node.plain_container("plain")
+    assert node.cpus_of(plain) == parse_cpu_list(ONLINE), "nothing claimed: everything"
+
+    uid, claimed = node.claim_pod("claimer", {"cpu": "4", "memory": "64Mi"})
+    cpus, mems = node.grants(uid)
+    assert len(cpus) == 4
+    container = node.runtime.container(claimed)
+    assert parse_cpu_list(container.cpus) == cpus
+    assert parse_cpu_list(container.mems) == mems
+    # Told when the claim was prepared, before its container even existed.
+    node.wait_cpus(plain, node.shared())
+    assert not node.cpus_of(plain) & cpus
+    assert parse_cpu_list(RESERVED) <= node.cpus_of(plain)
+
+    # The kubelet stops the pod's container, then unprepares the claim.
+    node.runtime.stop_container(claimed)
+    node.runtime.remove_container(claimed)
+    node.kubelet.unprepare(node.namespace, "claimer")
+    node.wait_cpus(plain, parse_cpu_list(ONLINE))
+    assert node.nodedra.metric("nodedra_nri_connected") == 1
+    assert node.nodedra.metric("nodedra_pinned_containers") == 0
+
+
+def test_the_kubelet_cannot_move_a_pinned_container(node: Node) -> None:
+    """UpdateContainerResources (a CPU manager's, say) gets our cpuset re-asserted."""
+    uid, claimed = node.claim_pod("claimer", {"cpu": "2"})
+    cpus, _ = node.grants(uid)
+    answer = node.runtime.update_container(claimed, Resources(cpus=ONLINE, shares=512))
+    assert parse_cpu_list(answer.applied.cpus) == cpus
+    assert answer.applied.shares == 512, "the rest of the kubelet's update stands"
+    assert node.cpus_of(claimed) == cpus
+
+
+def test_a_container_naming_another_pods_claim_gets_the_shared_pool(node: Node) -> None:
+    """A forged marker (the environment variable of another pod's claim) gets nothing."""
+    uid, _ = node.claim_pod("owner", {"cpu": "3"})
+    cpus, _ = node.grants(uid)
+    forged = node.create("intruder-uid", "intruder", [], env=[f"{env_name(uid, 0)}=0-55"])
+    assert node.cpus_of(forged) == node.shared()
+    assert not node.cpus_of(forged) & cpus
+    assert "not reserved for its pod" in node.nodedra.log_text()
+    assert node.nodedra.metric("nodedra_unreserved_claims_total") == 1
+
+
+def test_other_drivers_devices_in_a_container_change_nothing(node: Node) -> None:
+    """A container with a claim of ours and a device of another driver: our CPUs."""
+    uid, _ = node.claim_pod("mixed", {"cpu": "2"})
+    cpus, _ = node.grants(uid)
+    pod = get_pod(node.cp, node.namespace, "mixed")
+    ours = f"{TOPOLOGY_AWARE}/device=claim-{uid}-0"
+    both = node.create(pod["metadata"]["uid"], "mixed", [ours, "gpu.example.com/gpu=gpu-0"])
+    assert node.cpus_of(both) == cpus
+
+
+def test_synchronize_of_a_thousand_containers_gives_each_the_shared_pool(node: Node) -> None:
+    """Containers that ran before nodedra connected are brought to the shared pool."""
+    node.nodedra.terminate()
+    node.runtime.add(bulk=BulkSpec(containers=1000, pods=50, annotation_bytes=4096))
+    syncs = len(node.runtime.syncs())
+    node.start_nodedra()
+    (sync,) = node.runtime.wait_sync(syncs + 1)[syncs:]
+    assert sync.split, "the runtime split the state into chunks (more)"
+    assert sync.containers >= 1000
+    shared = format_cpu_list(node.shared())
+    bulk = [c for c in node.runtime.containers() if c.id.startswith("bulk-")]
+    assert len(bulk) == 1000
+    assert {c.cpus for c in bulk} == {shared}
+    print(f"\nSynchronize of {sync.containers} containers in {len(sync.messages)} messages:")
+    print(f"{sync.ns / 1e6:.1f} ms in the runtime (transport and nodedra's handling)")
+
+
+def test_a_runtime_restart_is_reconnected_and_resynchronized(node: Node) -> None:
+    uid, claimed = node.claim_pod("claimer", {"cpu": "2"})
+    cpus, _ = node.grants(uid)
+    plain = node.plain_container("plain")
+    syncs = len(node.runtime.syncs())
+    node.runtime.restart(down=1.0)
+    node.runtime.wait_sync(syncs + 1, timeout=60)
+    assert node.cpus_of(claimed) == cpus
+    assert node.cpus_of(plain) == node.shared()
+    late = node.plain_container("late")
+    assert node.cpus_of(late) == node.shared()
+
+
+def test_a_nodedra_restart_keeps_the_pinning_and_repairs_what_it_missed(node: Node) -> None:
+    uid, claimed = node.claim_pod("claimer", {"cpu": "2"})
+    cpus, _ = node.grants(uid)
+    assert node.nodedra.terminate() == 0
+    # Created while nodedra is away: the runtime goes on without it, unpinned.
+    missed = node.plain_container("missed")
+    assert node.cpus_of(missed) != node.shared()
+    syncs = len(node.runtime.syncs())
+    node.start_nodedra()
+    node.runtime.wait_sync(syncs + 1)
+    assert node.cpus_of(claimed) == cpus
+    assert node.cpus_of(missed) == node.shared()
+
+
+def test_claims_wait_for_the_runtime_by_default(node: Node) -> None:
+    """Without the runtime, --pinning=required refuses claims: nothing would pin them."""
+    claim = start_claim_pod(node.cp, node.namespace, node.kubelet.node_name, "early", {"cpu": "1"})
+    node.runtime.stop()
+    with pytest.raises(KubeletError, match="not connected to the container runtime"):
+        node.kubelet.prepare(node.namespace, "early")
+    state = Checkpoint(node.factory.dirs.checkpoint).load()
+    assert state is not None
+    assert claim["metadata"]["uid"] not in state.claims, "refused, so nothing allocated"
+    node.runtime.start()
+    node.runtime.wait_sync(1, timeout=60)
+    ids = node.kubelet.prepare(node.namespace, "early")["demo"]
+    assert ids
