@@ -205,6 +205,7 @@ def test_starts_registers_publishes_and_stops_cleanly(
         "serving": True,
         "registered": True,
         "published": True,
+        "runtime": None,
         "problems": [],
     }
     assert nodedra.metric("nodedra_devices_published") == DEVICES

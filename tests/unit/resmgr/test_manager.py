@@ -211,7 +211,7 @@ def test_reconfigure_checks_against_the_other_instances_commits(tmp_path: Path) 
         assert old.manager.plugin.node_prepare([first])["first"].error is None
         with pytest.raises(PolicyError, match="can't reserve CPUs 5"):
             new.manager.reconfigure(parse_config({"policy": "static", "reservedCPUs": "5"}))
-        assert 5 not in new.manager.policy.config.reserved_cpus  # type: ignore[attr-defined]
+        assert 5 not in new.manager.policy.config.reserved_cpus
     finally:
         old.manager.stop()
         new.manager.stop()
