@@ -1,0 +1,101 @@
+"""Which container gets which CPUs, decided from the books alone."""
+
+from __future__ import annotations
+
+from nodedra.nri import Container, CPUSet, Pod
+from nodedra.policy import Grant
+from nodedra.policy.ledger import results_named
+from nodedra.resmgr.pinning import Books, Pinning, Reservation, same
+from nodedra.topology import parse_cpu_list
+
+DRIVER = "topology-aware.nri.io"
+UID = "0b7a6c2e-6a0d-4c4e-9d64-7f2b1c3d4e5f"
+POD = Pod("sandbox-1", "pod-uid-1", "ns", "p")
+
+
+def grant(cpus: str, mems: str = "0") -> Grant:
+    return Grant("r", "cpudevnuma000", parse_cpu_list(cpus), 0, parse_cpu_list(mems))
+
+
+BOOKS = Books(
+    grants={UID: (grant("4-5", "0"), grant("30", "1"))},
+    reservations={UID: Reservation("ns", "c", frozenset({"pod-uid-1"}))},
+    online=parse_cpu_list("0-55"),
+    allocated=parse_cpu_list("4-5,30"),
+)
+
+
+def container(cdi: tuple[str, ...] = (), env: frozenset[str] = frozenset()) -> Container:
+    return Container("c1", POD.id, "main", cdi, env, CPUSet(""))
+
+
+def pinning() -> Pinning:
+    return Pinning(DRIVER, results_named)
+
+
+def test_the_results_a_container_holds_give_it_their_cpus_and_memory() -> None:
+    both = container(cdi=(f"{DRIVER}/device=claim-{UID}-0", f"{DRIVER}/device=claim-{UID}-1"))
+    decision = pinning().decide(POD, both, BOOKS)
+    assert decision.cpuset == CPUSet("4-5,30", "0-1")
+    first = container(cdi=(f"{DRIVER}/device=claim-{UID}-0",))
+    assert pinning().decide(POD, first, BOOKS).cpuset == CPUSet("4-5", "0")
+
+
+def test_the_environment_names_a_claim_where_the_runtime_passes_no_cdi_names() -> None:
+    marked = container(env=frozenset({f"DRA_CPUSET_{UID.replace('-', '_')}_1", "PATH"}))
+    assert pinning().decide(POD, marked, BOOKS).cpuset == CPUSet("30", "1")
+
+
+def test_cdi_names_when_there_are_some_environment_names_are_not_looked_at() -> None:
+    """On a runtime that passes CDI names, a container without ours holds none of ours."""
+    other = container(
+        cdi=("gpu.example.com/gpu=gpu0",),
+        env=frozenset({f"DRA_CPUSET_{UID.replace('-', '_')}_0"}),
+    )
+    assert pinning().decide(POD, other, BOOKS).cpuset == CPUSet("0-3,6-29,31-55")
+
+
+def test_a_claim_not_reserved_for_the_pod_counts_for_nothing() -> None:
+    stranger = Pod("sandbox-2", "pod-uid-2", "ns", "q")
+    named = container(cdi=(f"{DRIVER}/device=claim-{UID}-0",))
+    decision = pinning().decide(stranger, named, BOOKS)
+    assert decision.cpuset == CPUSet("0-3,6-29,31-55")
+    assert decision.unreserved == (UID,)
+    assert decision.claims == {}
+
+
+def test_claims_not_held_and_results_out_of_range_are_ignored() -> None:
+    unknown = container(cdi=(f"{DRIVER}/device=claim-other-0", f"{DRIVER}/device=claim-{UID}-7"))
+    decision = pinning().decide(POD, unknown, BOOKS)
+    assert decision.cpuset.cpus == "0-3,6-29,31-55"
+    assert decision.unreserved == ()
+
+
+def test_only_containers_behind_what_they_should_have_are_updated() -> None:
+    books = pinning()
+    shared = container()
+    books.track(POD, shared, books.decide(POD, shared, BOOKS), CPUSet("0-3,6-29,31-55"))
+    assert books.stale(BOOKS) == []
+    freed = Books(BOOKS.grants, BOOKS.reservations, BOOKS.online, parse_cpu_list("4-5"))
+    (update,) = books.stale(freed)
+    assert update.cpuset.cpus == "0-3,6-55"
+    books.told([update])
+    assert books.stale(freed) == []
+
+
+def test_cpu_lists_are_compared_as_sets() -> None:
+    assert same(CPUSet("0-3"), CPUSet("0,1,2,3", "0"))
+    assert not same(CPUSet("0-3", "1"), CPUSet("0-3", "0"))
+    assert same(CPUSet("0-3"), CPUSet("0-3", "1")), "mems unset: any"
+
+
+def test_variable_names_map_back_to_claims_and_results() -> None:
+    names = {
+        f"DRA_CPUSET_{UID.replace('-', '_')}_0",
+        f"DRA_CPUSET_{UID.replace('-', '_')}_12",
+        f"DRA_MEMSET_{UID.replace('-', '_')}_3",
+        "DRA_CPUSET_x",
+        "DRA_CPUSET__1",
+        "DRA_CPUSET_a_b",
+    }
+    assert results_named(names) == {UID: frozenset({0, 12})}
