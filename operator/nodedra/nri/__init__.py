@@ -3,17 +3,9 @@
 Like ``nodedra.dra`` it decides nothing: which cpuset a container gets is its owner's.
 """
 
+from .events import EVENT_MASK, EventObserver, RuntimeOwner
 from .messages import Container, CPUSet, Pod, Update
-from .plugin import (
-    DEFAULT_SOCKET,
-    EVENT_MASK,
-    PINNING_MODES,
-    EventObserver,
-    NRIPlugin,
-    PluginOptions,
-    RuntimeOwner,
-    check_index,
-)
+from .plugin import DEFAULT_SOCKET, PINNING_MODES, NRIPlugin, PluginOptions, check_index
 
 __all__ = [
     "DEFAULT_SOCKET",

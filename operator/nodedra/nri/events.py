@@ -1,0 +1,256 @@
+"""Answering the runtime's calls of the plugin service: each event, asking the owner.
+
+The runtime calls one method at a time and waits for its answer (it holds its NRI lock
+meanwhile), so these run one at a time, and each answer is the owner's decision put in the
+event's response: the adjustment of a container being created, the updates of others. A
+Synchronize may come in chunks (``more``): every chunk but the last is answered at once and
+empty, and the last with the updates for everything collected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from google.protobuf.message import DecodeError, Message
+
+from nodedra.grpc_gen import nri_v1alpha1_pb2 as pb
+
+from .messages import (
+    Container,
+    CPUSet,
+    Pod,
+    Update,
+    container_of,
+    container_updates,
+    pod_of,
+    resources,
+)
+from .ttrpc import INVALID_ARGUMENT, UNIMPLEMENTED, Call, RPCError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+
+EVENTS = (
+    pb.RUN_POD_SANDBOX,
+    pb.STOP_POD_SANDBOX,
+    pb.REMOVE_POD_SANDBOX,
+    pb.CREATE_CONTAINER,
+    pb.UPDATE_CONTAINER,
+    pb.STOP_CONTAINER,
+    pb.REMOVE_CONTAINER,
+)
+"""What we subscribe to: events every runtime from containerd 2.0 (NRI v0.8) on knows."""
+EVENT_MASK = sum(1 << (event - 1) for event in EVENTS)
+
+
+class RuntimeOwner(Protocol):
+    """Who decides what each container gets (the resource manager); called on one thread."""
+
+    def synchronize(self, pods: Sequence[Pod], containers: Sequence[Container]) -> list[Update]:
+        """Every pod and container the runtime has: the updates that make them right."""
+        ...
+
+    def create_container(
+        self, pod: Pod, container: Container
+    ) -> tuple[CPUSet | None, list[Update]]:
+        """The cpuset of a container being created (None: leave it) and others' updates."""
+        ...
+
+    def update_container(self, pod: Pod, container: Container) -> list[Update]:
+        """The kubelet changes a container's resources: what to (re)assert."""
+        ...
+
+    def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
+        """A container stopped: what other containers may get now."""
+        ...
+
+    def container_removed(self, pod: Pod, container: Container) -> None:
+        """A container is gone."""
+        ...
+
+    def pod_seen(self, pod: Pod) -> None:
+        """A pod sandbox runs."""
+        ...
+
+    def pod_removed(self, pod: Pod) -> None:
+        """A pod sandbox is gone."""
+        ...
+
+    def pending_updates(self) -> list[Update]:
+        """What the runtime should be told now, outside any event."""
+        ...
+
+    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> None:
+        """``sent`` reached the runtime, except the containers ``failed`` names."""
+        ...
+
+    def connection_changed(self, connected: bool, detail: str) -> None:
+        """The runtime connection came (synchronized) or went."""
+        ...
+
+
+class EventObserver(Protocol):
+    """Who counts events (the metrics)."""
+
+    def event_done(self, event: str, result: str, seconds: float) -> None:
+        """An event was answered (``result`` "ok" or "error") in ``seconds``."""
+        ...
+
+
+class Events:
+    """The plugin service of one connection at a time."""
+
+    def __init__(
+        self,
+        owner: RuntimeOwner,
+        on_synchronized: Callable[[], None],
+        observer: EventObserver | None = None,
+    ) -> None:
+        self._owner = owner
+        self._on_synchronized = on_synchronized
+        self._observer = observer
+        self._busy = threading.Condition()
+        self._handling = False
+        self._pods: list[pb.PodSandbox] = []
+        self._containers: list[pb.Container] = []
+        self.runtime = ""
+        """The runtime's name and version, as it told us in Configure."""
+        self._methods: dict[str, Callable[[bytes], Message]] = {
+            "Configure": self._configure,
+            "Synchronize": self._synchronize,
+            "Shutdown": self._shutdown,
+            "CreateContainer": self._create_container,
+            "UpdateContainer": self._update_container,
+            "StopContainer": self._stop_container,
+            "StateChange": self._state_change,
+            "RunPodSandbox": self._run_pod,
+            "StopPodSandbox": self._stop_pod,
+            "RemovePodSandbox": self._remove_pod,
+            "RemoveContainer": self._remove_container,
+        }
+
+    def reset(self) -> None:
+        """A new connection: what an earlier one began to synchronize is forgotten."""
+        self._pods, self._containers = [], []
+
+    def wait_idle(self) -> None:
+        """Wait until no event is being handled."""
+        with self._busy:
+            self._busy.wait_for(lambda: not self._handling)
+
+    def handle(self, call: Call) -> bytes:
+        """Answer one call (ttrpc's handler); RPCError for what we do not serve."""
+        if call.service != PLUGIN_SERVICE:
+            raise RPCError(UNIMPLEMENTED, f"service {call.service}")
+        method = self._methods.get(call.method)
+        if method is None:
+            raise RPCError(UNIMPLEMENTED, f"method {call.method}")
+        with self._busy:
+            self._handling = True
+        started = time.monotonic()
+        result = "error"
+        try:
+            answer = method(call.payload).SerializeToString()
+            result = "ok"
+            return answer
+        except DecodeError as err:
+            raise RPCError(INVALID_ARGUMENT, f"{call.method}: undecodable request: {err}") from err
+        finally:
+            with self._busy:
+                self._handling = False
+                self._busy.notify_all()
+            if self._observer is not None:
+                self._observer.event_done(call.method, result, time.monotonic() - started)
+
+    # The methods -----------------------------------------------------------------------
+
+    def _configure(self, payload: bytes) -> Message:
+        request = pb.ConfigureRequest.FromString(payload)
+        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        log.info(
+            "NRI: runtime %s (NRI %s) configures us; request timeout %d ms",
+            self.runtime or "(unnamed)",
+            request.nri_version or "before v0.12",
+            request.request_timeout,
+        )
+        return pb.ConfigureResponse(events=EVENT_MASK)
+
+    def _synchronize(self, payload: bytes) -> Message:
+        request = pb.SynchronizeRequest.FromString(payload)
+        self._pods.extend(request.pods)
+        self._containers.extend(request.containers)
+        if request.more:  # the runtime split it: answer each chunk but the last empty
+            return pb.SynchronizeResponse(more=True)
+        pods, containers = self._pods, self._containers
+        self.reset()
+        updates = self._owner.synchronize(
+            [pod_of(p) for p in pods], [container_of(c) for c in containers]
+        )
+        log.info(
+            "NRI: synchronized %d pods and %d containers, %d updated",
+            len(pods),
+            len(containers),
+            len(updates),
+        )
+        self._on_synchronized()
+        return pb.SynchronizeResponse(update=container_updates(updates))
+
+    def _shutdown(self, payload: bytes) -> Message:
+        log.info("NRI: the runtime is shutting down")
+        return pb.Empty()
+
+    def _create_container(self, payload: bytes) -> Message:
+        request = pb.CreateContainerRequest.FromString(payload)
+        cpuset, updates = self._owner.create_container(
+            pod_of(request.pod), container_of(request.container)
+        )
+        response = pb.CreateContainerResponse(update=container_updates(updates))
+        if cpuset is not None:
+            response.adjust.linux.resources.CopyFrom(resources(cpuset))
+        return response
+
+    def _update_container(self, payload: bytes) -> Message:
+        request = pb.UpdateContainerRequest.FromString(payload)
+        updates = self._owner.update_container(pod_of(request.pod), container_of(request.container))
+        return pb.UpdateContainerResponse(update=container_updates(updates))
+
+    def _stop_container(self, payload: bytes) -> Message:
+        request = pb.StopContainerRequest.FromString(payload)
+        updates = self._owner.container_stopped(
+            pod_of(request.pod), container_of(request.container)
+        )
+        return pb.StopContainerResponse(update=container_updates(updates))
+
+    def _state_change(self, payload: bytes) -> Message:
+        """Pod events and RemoveContainer from runtimes before NRI v0.12."""
+        event = pb.StateChangeEvent.FromString(payload)
+        pod = pod_of(event.pod)
+        if event.event == pb.RUN_POD_SANDBOX:
+            self._owner.pod_seen(pod)
+        elif event.event == pb.REMOVE_POD_SANDBOX:
+            self._owner.pod_removed(pod)
+        elif event.event == pb.REMOVE_CONTAINER:
+            self._owner.container_removed(pod, container_of(event.container))
+        return pb.Empty()
+
+    def _run_pod(self, payload: bytes) -> Message:
+        self._owner.pod_seen(pod_of(pb.PodContainerRequest.FromString(payload).pod))
+        return pb.Empty()
+
+    def _stop_pod(self, payload: bytes) -> Message:
+        pb.PodContainerRequest.FromString(payload)  # nothing to do: its containers stop
+        return pb.Empty()
+
+    def _remove_pod(self, payload: bytes) -> Message:
+        self._owner.pod_removed(pod_of(pb.PodContainerRequest.FromString(payload).pod))
+        return pb.Empty()
+
+    def _remove_container(self, payload: bytes) -> Message:
+        request = pb.PodContainerRequest.FromString(payload)
+        self._owner.container_removed(pod_of(request.pod), container_of(request.container))
+        return pb.Empty()
