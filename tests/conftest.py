@@ -17,11 +17,16 @@
 
 When a test fails, the log tails of the peers it used are attached to its
 report (sections "peer log: <name>").
+
+Once the peers are built, the test process moves into a private network namespace of its
+own (tests.peers.netns): every peer it starts afterwards, and all test traffic, stays there,
+on 127.0.0.1 and the real node's address on ``lo``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -39,6 +44,7 @@ from tests.peers.cluster import create_ready_node, delete_node, ensure_test_name
 from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
 from tests.peers.go_driver import GoDriver
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.netns import NetworkNamespaceError, enter_private_network, in_private_network
 from tests.peers.nodedra_node import (
     NodeDirs,
     NodedraProcess,
@@ -51,6 +57,7 @@ from tests.peers.nodedra_node import (
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
+_NETNS_ERROR = pytest.StashKey[str]()
 _FAILED = pytest.StashKey[bool]()
 
 
@@ -64,10 +71,18 @@ class HasLogs(Protocol):
 # -- building the peers ---------------------------------------------------
 
 
-def _resolve_binaries(config: pytest.Config) -> None:
+def _terminal(config: pytest.Config) -> contextlib.AbstractContextManager[None]:
+    """Write to the terminal even while pytest captures output."""
     capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        return contextlib.nullcontext()
+    manager: contextlib.AbstractContextManager[None] = capture.global_and_fixture_disabled()
+    return manager
+
+
+def _resolve_binaries(config: pytest.Config) -> None:
     started = time.monotonic()
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+    with _terminal(config):
         print(file=sys.stderr)
         try:
             config.stash[_BINARIES] = ensure_binaries(log=sys.stderr)
@@ -78,17 +93,39 @@ def _resolve_binaries(config: pytest.Config) -> None:
             print(f"[peers] peers ready after {time.monotonic() - started:.1f}s", file=sys.stderr)
 
 
+def _enter_private_network(config: pytest.Config) -> None:
+    """Move the test process into its private network namespace (see the module docstring);
+    a failure only matters to real nodes, whose fixture reports it."""
+    if in_private_network() or _NETNS_ERROR in config.stash:
+        return
+    with _terminal(config):
+        try:
+            name = enter_private_network()
+        except NetworkNamespaceError as err:
+            config.stash[_NETNS_ERROR] = str(err)
+            print(f"[peers] staying in the machine's network namespace: {err}", file=sys.stderr)
+        else:
+            print(
+                f"[peers] the test run is in a private network namespace ({name}); enter it "
+                f"with: nsenter --net=/proc/{os.getpid()}/ns/net",
+                file=sys.stderr,
+            )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the peers before the first test if any selected test needs them,
-    so a long first build is not charged to one test's timeout."""
+    so a long first build is not charged to one test's timeout; then leave the
+    machine's network for a namespace of our own (building needed the network)."""
     if any("peer_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
         _resolve_binaries(session.config)
+        _enter_private_network(session.config)
 
 
 @pytest.fixture(scope="session")
 def peer_binaries(pytestconfig: pytest.Config) -> PeerBinaries:
     if _BINARIES not in pytestconfig.stash and _BUILD_ERROR not in pytestconfig.stash:
         _resolve_binaries(pytestconfig)
+        _enter_private_network(pytestconfig)
     if _BUILD_ERROR in pytestconfig.stash:
         pytest.fail(
             f"Kubernetes test peers unavailable: {pytestconfig.stash[_BUILD_ERROR]}", pytrace=False

@@ -259,6 +259,12 @@ ENV_OVERRIDES: dict[str, str] = {
     name: "NODEDRA_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) for name in _group_of(peer_groups())
 }
 
+
+def peer_names() -> list[str]:
+    """The name of every peer, in build order."""
+    return list(ENV_OVERRIDES)
+
+
 #: How many cache entries of each group to keep.
 _KEEP_CACHE_ENTRIES = 3
 
