@@ -202,6 +202,8 @@ def _containerd_group(version: str) -> PeerGroup:
         module=CONTAINERD_DIR,
         packages={containerd_peer(cmd, version): pkg for cmd, pkg in CONTAINERD_COMMANDS.items()},
         modfile=modfile,
+        # Stamped as containerd's own release build does; the node reports it.
+        ldflags=("-s", "-w", f"-X github.com/containerd/containerd/v2/version.Version={version}"),
     )
 
 
