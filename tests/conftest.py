@@ -522,7 +522,7 @@ class NodedraFactory:
 
     def __call__(
         self,
-        kubelet: KubeletHarness,
+        kubelet: NodeLike,
         *,
         identity: PodIdentity | None = None,
         pod_uid: str | None = None,
@@ -533,7 +533,8 @@ class NodedraFactory:
         state_dir: Path | None = None,
         metrics_port: int | None = None,
     ) -> NodedraProcess:
-        """Start an instance for ``kubelet``'s node (``node_name=None``: pass none)."""
+        """Start an instance for ``kubelet``'s node (a KubeletHarness or a RealNode, whose
+        registry dir it registers in; ``node_name=None``: pass none)."""
         if not self.config.exists():
             self.write_config({"policy": "topology-aware", "reservedCPUs": "0"})
         if kubeconfig is None:
