@@ -13,17 +13,26 @@
 * `kubelet_factory`, `go_driver_factory`, `ready_node`, `namespace`: per test.
 * `nri_runtime_factory`: NRI runtime-side harnesses (pkg/adaptation, as containerd embeds
   it) at a given NRI version, and Go stub plugins on them (tests.peers.nri_runtime), per test.
+* `real_node_factory`, `real_node`: a real node (kubelet, containerd, runc; tests.peers.node)
+  that runs pods, per test; `real_node` is parametrized indirectly by containerd version (one
+  of CONTAINERD_VERSIONS, default the newest) and comes with the workload controllers, so its
+  pods can be scheduled. The node's peers are built only when a selected test uses one.
 * `nodedra_installed`: the control plane with the admin's part of manifests/ applied;
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
 
 When a test fails, the log tails of the peers it used are attached to its
 report (sections "peer log: <name>").
+
+Once the peers are built, the test process moves into a private network namespace of its
+own (tests.peers.netns): every peer it starts afterwards, and all test traffic, stays there,
+on 127.0.0.1 and the real node's address on ``lo``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -36,11 +45,20 @@ from typing import Any, Protocol, runtime_checkable
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from tests.peers.build import PeerBinaries, PeerBuildError, ensure_binaries
+from tests.peers.build import (
+    CONTAINERD_VERSIONS,
+    NODE_PEERS,
+    PeerBinaries,
+    PeerBuildError,
+    ensure_binaries,
+    peer_names,
+)
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
 from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
 from tests.peers.go_driver import GoDriver
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.netns import NetworkNamespaceError, enter_private_network, in_private_network
+from tests.peers.node import NodeError, RealNode
 from tests.peers.nodedra_node import (
     NodeDirs,
     NodedraProcess,
@@ -54,7 +72,13 @@ from tests.peers.nri_runtime import NRIFactory
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
+_NODE_BINARIES = pytest.StashKey[PeerBinaries]()
+_NODE_BUILD_ERROR = pytest.StashKey[str]()
+_NETNS_ERROR = pytest.StashKey[str]()
 _FAILED = pytest.StashKey[bool]()
+
+#: Fixtures whose tests need the peers of a real node (built only then).
+_NODE_FIXTURES = frozenset({"real_node_factory"})
 
 
 @runtime_checkable
@@ -67,36 +91,88 @@ class HasLogs(Protocol):
 # -- building the peers ---------------------------------------------------
 
 
-def _resolve_binaries(config: pytest.Config) -> None:
+def _terminal(config: pytest.Config) -> contextlib.AbstractContextManager[None]:
+    """Write to the terminal even while pytest captures output."""
     capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        return contextlib.nullcontext()
+    manager: contextlib.AbstractContextManager[None] = capture.global_and_fixture_disabled()
+    return manager
+
+
+def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
+    """Build (or find) the control-plane peers, and with ``node`` a real node's too."""
     started = time.monotonic()
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+    wanted = [
+        (_BINARIES, _BUILD_ERROR, [n for n in peer_names() if n not in NODE_PEERS]),
+        *([(_NODE_BINARIES, _NODE_BUILD_ERROR, list(NODE_PEERS))] if node else []),
+    ]
+    with _terminal(config):
         print(file=sys.stderr)
+        for key, error, names in wanted:
+            if key in config.stash or error in config.stash:
+                continue
+            try:
+                config.stash[key] = ensure_binaries(log=sys.stderr, names=names)
+            except PeerBuildError as err:
+                config.stash[error] = str(err)
+                print(f"[peers] ERROR: {err}", file=sys.stderr)
+        print(f"[peers] peers ready after {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def _enter_private_network(config: pytest.Config) -> None:
+    """Move the test process into its private network namespace (see the module docstring);
+    a failure only matters to real nodes, whose fixture reports it."""
+    if in_private_network() or _NETNS_ERROR in config.stash:
+        return
+    with _terminal(config):
         try:
-            config.stash[_BINARIES] = ensure_binaries(log=sys.stderr)
-        except PeerBuildError as err:
-            config.stash[_BUILD_ERROR] = str(err)
-            print(f"[peers] ERROR: {err}", file=sys.stderr)
+            name = enter_private_network()
+        except NetworkNamespaceError as err:
+            config.stash[_NETNS_ERROR] = str(err)
+            print(f"[peers] staying in the machine's network namespace: {err}", file=sys.stderr)
         else:
-            print(f"[peers] peers ready after {time.monotonic() - started:.1f}s", file=sys.stderr)
+            print(
+                f"[peers] the test run is in a private network namespace ({name}); enter it "
+                f"with: nsenter --net=/proc/{os.getpid()}/ns/net",
+                file=sys.stderr,
+            )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the peers before the first test if any selected test needs them,
-    so a long first build is not charged to one test's timeout."""
-    if any("peer_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
-        _resolve_binaries(session.config)
+    so a long first build is not charged to one test's timeout; then leave the
+    machine's network for a namespace of our own (building needed the network)."""
+    fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
+    if any("peer_binaries" in names for names in fixtures):
+        _resolve_binaries(session.config, node=any(_NODE_FIXTURES & names for names in fixtures))
+        _enter_private_network(session.config)
 
 
 @pytest.fixture(scope="session")
 def peer_binaries(pytestconfig: pytest.Config) -> PeerBinaries:
     if _BINARIES not in pytestconfig.stash and _BUILD_ERROR not in pytestconfig.stash:
         _resolve_binaries(pytestconfig)
+        _enter_private_network(pytestconfig)
     if _BUILD_ERROR in pytestconfig.stash:
         pytest.fail(
             f"Kubernetes test peers unavailable: {pytestconfig.stash[_BUILD_ERROR]}", pytrace=False
         )
     return pytestconfig.stash[_BINARIES]
+
+
+@pytest.fixture(scope="session")
+def node_binaries(pytestconfig: pytest.Config, peer_binaries: PeerBinaries) -> PeerBinaries:
+    """Every peer, a real node's included (kubelet, containerd, runc, image programs)."""
+    if _NODE_BINARIES not in pytestconfig.stash and _NODE_BUILD_ERROR not in pytestconfig.stash:
+        _resolve_binaries(pytestconfig, node=True)
+    if _NODE_BUILD_ERROR in pytestconfig.stash:
+        pytest.fail(
+            f"the peers of a real node are unavailable: {pytestconfig.stash[_NODE_BUILD_ERROR]}",
+            pytrace=False,
+        )
+    node = pytestconfig.stash[_NODE_BINARIES]
+    return PeerBinaries({**peer_binaries.paths, **{n: node[n] for n in NODE_PEERS}})
 
 
 # -- control plane ----------------------------------------------------------
@@ -227,6 +303,16 @@ def kubelet_factory(
         factory.stop_all()
 
 
+class NodeLike(Protocol):
+    """What a DRA driver needs of a node: a KubeletHarness or a RealNode."""
+
+    @property
+    def node_name(self) -> str: ...
+
+    @property
+    def registry_dir(self) -> Path: ...
+
+
 class GoDriverFactory:
     """Starts Go reference drivers for a test and stops them afterwards."""
 
@@ -238,14 +324,16 @@ class GoDriverFactory:
 
     def __call__(
         self,
-        kubelet: KubeletHarness,
+        kubelet: NodeLike,
         driver_name: str | None = None,
         devices: int = 4,
         services: tuple[str, ...] = ("v1", "v1beta1"),
+        cdi_dir: Path | None = None,
     ) -> GoDriver:
         """Start a driver on the kubelet's node, registering in its registry
         dir. Each call gets a unique driver name unless one is given, so
-        devices of different tests never mix."""
+        devices of different tests never mix. Its CDI specs go to ``cdi_dir``
+        (a real node's, for containers to get them) or a directory of its own."""
         driver = GoDriver(
             self._binaries.go_driver,
             self._cp.admin_kubeconfig,
@@ -255,6 +343,7 @@ class GoDriverFactory:
             driver_name=driver_name or f"{_unique('go')}.nodedra.test",
             devices=devices,
             services=services,
+            cdi_dir=cdi_dir,
         )
         self.started.append(driver)
         driver.start()
@@ -293,6 +382,94 @@ def nri_runtime_factory(peer_binaries: PeerBinaries, peer_workdir: Path) -> Iter
         factory.stop_all()
 
 
+class RealNodeFactory:
+    """Starts real nodes (tests.peers.node) for a test and tears them down afterwards.
+
+    Teardown kills every pod container, daemon and mount of each node and removes its
+    cgroups and its Node object; anything left behind fails the test (at teardown) with what
+    it was.
+    """
+
+    def __init__(self, cp: ControlPlane, binaries: PeerBinaries, workdir: Path) -> None:
+        self._cp = cp
+        self._binaries = binaries
+        self._workdir = workdir
+        self.started: list[RealNode] = []
+
+    def __call__(
+        self,
+        node_name: str | None = None,
+        *,
+        containerd_version: str = CONTAINERD_VERSIONS[0],
+        start: bool = True,
+        **options: Any,
+    ) -> RealNode:
+        """A started node (``start=False``: configured only) named ``node_name`` (default a
+        fresh name); ``options`` are RealNode's (cdi_dir, nri_socket, kubelet_config...)."""
+        node = RealNode(
+            self._binaries,
+            self._cp,
+            node_name or _unique("real"),
+            self._workdir / f"node-{len(self.started)}",
+            containerd_version=containerd_version,
+            **options,
+        )
+        self.started.append(node)
+        if start:
+            node.start()
+        return node
+
+    def stop_all(self) -> None:
+        problems = []
+        for node in reversed(self.started):
+            try:
+                node.stop()
+            except NodeError as err:
+                problems.append(str(err))
+        if problems:
+            raise NodeError("; ".join(problems))
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        tails: dict[str, str] = {}
+        for node in self.started:
+            tails.update(node.log_tails(lines))
+        return tails
+
+
+@pytest.fixture
+def real_node_factory(
+    pytestconfig: pytest.Config,
+    control_plane: ControlPlane,
+    node_binaries: PeerBinaries,
+    peer_workdir: Path,
+) -> Iterator[RealNodeFactory]:
+    if not in_private_network():
+        reason = pytestconfig.stash.get(_NETNS_ERROR, "it was never entered")
+        pytest.fail(
+            "a real node needs the test run's private network namespace (its address lives "
+            f"on lo there), and the run is not in it: {reason}. Run the tests as root on "
+            "Linux with iproute2 installed.",
+            pytrace=False,
+        )
+    factory = RealNodeFactory(control_plane, node_binaries, peer_workdir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture
+def real_node(
+    request: pytest.FixtureRequest,
+    real_node_factory: RealNodeFactory,
+    workload_controllers: ControlPlane,
+) -> RealNode:
+    """A started, Ready and schedulable real node; parametrize it indirectly with a version
+    of CONTAINERD_VERSIONS to choose its containerd."""
+    version = getattr(request, "param", CONTAINERD_VERSIONS[0])
+    return real_node_factory(containerd_version=version)
+
+
 # -- failure reports ---------------------------------------------------------
 
 
@@ -306,11 +483,14 @@ def pytest_runtest_makereport(
         item.stash[_FAILED] = True
         funcargs: dict[str, Any] = getattr(item, "funcargs", {})
         seen: set[int] = set()  # several fixtures may be the same control plane
+        sections: set[str] = set()  # ... or a factory and what it made
         for value in funcargs.values():
             if isinstance(value, HasLogs) and id(value) not in seen:
                 seen.add(id(value))
                 for name, text in value.log_tails().items():
-                    report.sections.append((f"peer log: {name}", text or "(empty)"))
+                    if name not in sections:
+                        sections.add(name)
+                        report.sections.append((f"peer log: {name}", text or "(empty)"))
     return report
 
 
@@ -357,7 +537,7 @@ class NodedraFactory:
 
     def __call__(
         self,
-        kubelet: KubeletHarness,
+        kubelet: NodeLike,
         *,
         identity: PodIdentity | None = None,
         pod_uid: str | None = None,
@@ -370,7 +550,8 @@ class NodedraFactory:
         pinning: str = "off",
         nri_socket: Path | None = None,
     ) -> NodedraProcess:
-        """Start an instance for ``kubelet``'s node (``node_name=None``: pass none)."""
+        """Start an instance for ``kubelet``'s node (a KubeletHarness or a RealNode, whose
+        registry dir it registers in; ``node_name=None``: pass none)."""
         if not self.config.exists():
             self.write_config({"policy": "topology-aware", "reservedCPUs": "0"})
         if kubeconfig is None:

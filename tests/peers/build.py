@@ -2,12 +2,14 @@
 
 The peers are built from official Go modules in groups, one Go module each (see
 :func:`peer_groups`): the Kubernetes group pinned in ``tests/peers/go.mod``
-(kube-apiserver, kube-scheduler, kube-controller-manager from k8s.io/kubernetes,
-an etcd server from go.etcd.io/etcd/server/v3, plus our own small Go programs:
-the kubelet DRA harness and the Go reference driver), and groups of their own for
-peers whose dependency pins differ: the NRI runtime harness and Go stub plugin of
-``tests/peers/nri``, once per NRI version in ``NRI_VERSIONS``. Building takes many
-minutes on a small machine, so the binaries are cached outside the repository, under
+(kube-apiserver, kube-scheduler, kube-controller-manager and the kubelet from
+k8s.io/kubernetes, an etcd server from go.etcd.io/etcd/server/v3, plus our own small
+Go programs: the kubelet DRA harness and the Go reference driver), and groups of their
+own for peers whose dependency pins differ: the NRI runtime harness and Go stub plugin of
+``tests/peers/nri`` (one group per version in :data:`NRI_VERSIONS`), containerd (one group
+per version in :data:`CONTAINERD_VERSIONS`), runc, and the programs of the test node's
+images. Building takes many minutes on a small machine, so the binaries are cached outside
+the repository, under
 ``$XDG_CACHE_HOME/nodedra/peers/<group>-<source hash>/`` (default ``~/.cache``).
 The hash covers the group's Go sources, go.mod, go.sum and build flags, so changed
 harness code gets rebuilt and unchanged code is reused.
@@ -44,6 +46,10 @@ from typing import Protocol, TextIO
 PEERS_DIR = Path(__file__).resolve().parent
 
 
+class PeerBuildError(RuntimeError):
+    """The peers could neither be found nor built; the message says why and what to do."""
+
+
 @dataclass(frozen=True)
 class PeerGroup:
     """Peers built together, by one ``go build``, from one Go module.
@@ -62,11 +68,14 @@ class PeerGroup:
     tags: tuple[str, ...] = ()
     cgo: bool = False
     ldflags: tuple[str, ...] = ("-s", "-w")
+    c_libraries: tuple[str, ...] = ()
+    """pkg-config names of the C libraries a cgo build links (checked before building)."""
 
     def source_files(self) -> list[Path]:
         """Everything that decides what this group's binaries are."""
         mod = self.module / (self.modfile or "go.mod")
-        files = [mod, mod.with_suffix(".sum")]
+        # A module without dependencies has no go.sum.
+        files = [p for p in (mod, mod.with_suffix(".sum")) if p == mod or p.exists()]
         nested = [p.parent for p in self.module.rglob("go.mod") if p.parent != self.module]
         files += sorted(
             p
@@ -140,6 +149,7 @@ def _kubernetes_group() -> PeerGroup:
             "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
             "kubelet-harness": "./cmd/kubelet-harness",
             "go-driver": "./cmd/go-driver",
         },
@@ -185,9 +195,101 @@ def _nri_group(version: str) -> PeerGroup:
     )
 
 
+CONTAINERD_DIR = PEERS_DIR / "containerd"
+
+#: The containerd versions the real node runs, newest first; node tests parametrize over them.
+#: v2.4 passes the CDI device names of a container to NRI plugins (NRI v0.12); v2.2 (NRI v0.11)
+#: does not, so there only the environment a CDI spec adds tells a plugin a container's claims.
+#: The first is pinned by ``containerd/go.mod``, each other one by ``containerd/go.<version>.mod``
+#: (with its ``.sum``): the same module built against another containerd.
+CONTAINERD_VERSIONS: tuple[str, ...] = ("v2.4.2", "v2.2.9")
+
+#: Binaries of each containerd group; their peer names carry the version (``ctr-v2.2.9``).
+CONTAINERD_COMMANDS: Mapping[str, str] = {
+    "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+    "containerd-shim-runc-v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+    "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+}
+
+
+def _required_version(go_mod: Path, module: str) -> str:
+    match = re.search(
+        rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.MULTILINE
+    )
+    if match is None:
+        raise PeerBuildError(f"{go_mod} does not require {module}")
+    return match.group(1)
+
+
+def containerd_peer(command: str, version: str) -> str:
+    """The peer name of one containerd binary of one version, e.g. ``ctr-v2.4.2``."""
+    return f"{command}-{version}"
+
+
+def _containerd_group(version: str) -> PeerGroup:
+    modfile = None if version == CONTAINERD_VERSIONS[0] else f"go.{version}.mod"
+    pinned = _required_version(
+        CONTAINERD_DIR / (modfile or "go.mod"), "github.com/containerd/containerd/v2"
+    )
+    if pinned != version:
+        raise PeerBuildError(
+            f"{CONTAINERD_DIR / (modfile or 'go.mod')} pins containerd {pinned}, not {version}: "
+            "CONTAINERD_VERSIONS and the module files disagree"
+        )
+    return PeerGroup(
+        name=f"containerd-{version}",
+        module=CONTAINERD_DIR,
+        packages={containerd_peer(cmd, version): pkg for cmd, pkg in CONTAINERD_COMMANDS.items()},
+        modfile=modfile,
+        # Stamped as containerd's own release build does; the node reports it.
+        ldflags=("-s", "-w", f"-X github.com/containerd/containerd/v2/version.Version={version}"),
+    )
+
+
+def _runc_group() -> PeerGroup:
+    # cgo: runc's nsenter is C, and so is libseccomp, which runc needs: the kubelet asks for
+    # the runtime's default seccomp profile for every pod sandbox, whatever the pod says, and
+    # a runc built without the seccomp tag refuses to start a container that has one.
+    module = PEERS_DIR / "runc"
+    version = _required_version(module / "go.mod", "github.com/opencontainers/runc")
+    return PeerGroup(
+        name=f"runc-{version}",
+        module=module,
+        packages={"runc": "github.com/opencontainers/runc"},
+        tags=("seccomp",),
+        cgo=True,
+        c_libraries=("libseccomp",),
+    )
+
+
+def _workloads_group() -> PeerGroup:
+    return PeerGroup(
+        name="workloads",
+        module=PEERS_DIR / "workloads",
+        packages={"pause": "./cmd/pause", "workload": "./cmd/workload"},
+    )
+
+
 def peer_groups() -> tuple[PeerGroup, ...]:
     """Every group of peers the tests and benchmarks use."""
-    return (_kubernetes_group(), *(_nri_group(v) for v in NRI_VERSIONS))
+    return (
+        _kubernetes_group(),
+        *(_nri_group(v) for v in NRI_VERSIONS),
+        *(_containerd_group(v) for v in CONTAINERD_VERSIONS),
+        _runc_group(),
+        _workloads_group(),
+    )
+
+
+#: The peers of a real node (tests.peers.node), beyond the control plane: built only when a
+#: selected test runs one.
+NODE_PEERS: tuple[str, ...] = (
+    "kubelet",
+    *(containerd_peer(cmd, v) for v in CONTAINERD_VERSIONS for cmd in CONTAINERD_COMMANDS),
+    "runc",
+    "pause",
+    "workload",
+)
 
 
 def _group_of(groups: Sequence[PeerGroup]) -> dict[str, PeerGroup]:
@@ -198,6 +300,12 @@ def _group_of(groups: Sequence[PeerGroup]) -> dict[str, PeerGroup]:
 ENV_OVERRIDES: dict[str, str] = {
     name: "NODEDRA_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) for name in _group_of(peer_groups())
 }
+
+
+def peer_names() -> list[str]:
+    """The name of every peer, in build order."""
+    return list(ENV_OVERRIDES)
+
 
 #: How many cache entries of each group to keep.
 _KEEP_CACHE_ENTRIES = 3
@@ -220,10 +328,6 @@ class Log(Protocol):
     def write(self, text: str, /) -> int: ...
 
     def flush(self) -> None: ...
-
-
-class PeerBuildError(RuntimeError):
-    """The peers could neither be found nor built; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +370,27 @@ class PeerBinaries:
     def nri_stub_plugin(self, version: str) -> Path:
         """The Go pinning plugin on pkg/stub at NRI ``version``."""
         return self.paths[f"nri-stub-plugin-{version}"]
+
+    @property
+    def kubelet(self) -> Path:
+        return self.paths["kubelet"]
+
+    @property
+    def runc(self) -> Path:
+        return self.paths["runc"]
+
+    @property
+    def pause(self) -> Path:
+        return self.paths["pause"]
+
+    @property
+    def workload(self) -> Path:
+        return self.paths["workload"]
+
+    def containerd(self, version: str, command: str = "containerd") -> Path:
+        """A containerd binary (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) of
+        ``version`` (one of CONTAINERD_VERSIONS)."""
+        return self.paths[containerd_peer(command, version)]
 
 
 def cache_root() -> Path:
@@ -351,15 +476,35 @@ def _report_progress(lines: Iterable[str], log: Log, transcript: TextIO, started
             last_report = now
 
 
+def _check_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str]) -> None:
+    """Fail before a long build, with what to install, when cgo has no compiler or library."""
+    compiler = env.get("CC") or "gcc"
+    missing = [] if shutil.which(compiler) else [f"a C compiler ({compiler}; Debian: gcc)"]
+    for library in group.c_libraries:
+        found = shutil.which("pkg-config") and (
+            subprocess.run(["pkg-config", "--exists", library], check=False).returncode == 0
+        )
+        if not found:
+            missing.append(f"pkg-config and {library} (Debian: pkg-config {library}-dev)")
+    if missing:
+        raise PeerBuildError(
+            f"cannot build {', '.join(names)} ({group.name}): the cgo build needs "
+            f"{' and '.join(missing)}; .ci/run installs them on CI. Install them or supply "
+            f"the binaries. {SUPPLY_HINT}"
+        )
+
+
 def build(group: PeerGroup, names: Sequence[str], dest: Path, log: Log = sys.stderr) -> None:
     """Build the named peers of ``group`` into ``dest`` with the Go toolchain."""
     go = _find_go()
     unknown = [n for n in names if n not in group.packages]
     if unknown:
         raise ValueError(f"unknown peers of {group.name}: {unknown}")
-    dest.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["CGO_ENABLED"] = "1" if group.cgo else "0"  # static where it can be
+    if group.cgo:
+        _check_cgo(group, names, env)
+    dest.mkdir(parents=True, exist_ok=True)
     transcript_path = dest / "build.log"
     print(f"[peers] building {', '.join(names)} ({group.name}) into {dest}", file=log, flush=True)
     started = time.monotonic()

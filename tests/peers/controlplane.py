@@ -157,6 +157,13 @@ class ControlPlane:
             server=True,
         )
         self.admin = self.ca.issue("admin", "nodedra-test-admin", organizations=("system:masters",))
+        # How the API server authenticates to kubelets (pod logs, exec): as a cluster admin,
+        # so a kubelet's webhook authorization lets it in, as in a kubeadm cluster.
+        self.kubelet_client = self.ca.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            organizations=("system:masters",),
+        )
         self.etcd_url = ""
         self.url = ""
         self.admin_kubeconfig = self.workdir / "admin.kubeconfig"
@@ -309,6 +316,13 @@ class ControlPlane:
             # Only an API setting: Service IPs are allocated from it, no
             # traffic goes there.
             "--service-cluster-ip-range=10.96.0.0/24",
+            f"--kubelet-client-certificate={self.kubelet_client.cert}",
+            f"--kubelet-client-key={self.kubelet_client.key}",
+            # Kubelets serve with certificates of this CA (tests.peers.node issues them).
+            f"--kubelet-certificate-authority={self.ca.pair.cert}",
+            # A real node's kubelet (tests.peers.node) is reached at its address: the
+            # hostname it reports resolves nowhere.
+            "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
             f"--runtime-config={RUNTIME_CONFIG}",

@@ -14,7 +14,9 @@ happened at every step: the devices published, the allocation, the CDI devices a
 container would get, and the claim's status as nodedra wrote it.
 
 Nothing is installed on the machine and nothing runs as a container: every process is a child
-of this one, every file is under one temporary directory, and Ctrl-C stops it all.
+of this one, every file is under one temporary directory, and Ctrl-C stops it all. Once the
+peers are built, the demo moves into a network namespace of its own (tests.peers.netns), so
+its traffic never reaches the machine's network; `nsenter --net=/proc/<pid>/ns/net` enters it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -36,7 +39,14 @@ from typing import Any, TextIO
 
 import yaml
 
-from tests.peers.build import PeerBinaries, PeerBuildError, cache_root, ensure_binaries
+from tests.peers.build import (
+    NODE_PEERS,
+    PeerBinaries,
+    PeerBuildError,
+    cache_root,
+    ensure_binaries,
+    peer_names,
+)
 from tests.peers.cluster import (
     create_ready_node,
     ensure_test_namespace,
@@ -47,6 +57,12 @@ from tests.peers.cluster import (
 )
 from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.netns import (
+    NODE_ADDRESS,
+    NetworkNamespaceError,
+    enter_private_network,
+    in_private_network,
+)
 from tests.peers.nodedra_node import (
     MANIFESTS,
     TOPOLOGY_AWARE,
@@ -125,10 +141,20 @@ class Demo:
         say(f"building peers (first time: ~7 min, later runs reuse {cache_root()})...")
         started = time.monotonic()
         try:
-            binaries = ensure_binaries(log=_Prefixed(sys.stdout, "  "))
+            # The demo's node is the kubelet harness: a real node's peers are not needed.
+            names = [n for n in peer_names() if n not in NODE_PEERS]
+            binaries = ensure_binaries(log=_Prefixed(sys.stdout, "  "), names=names)
         except PeerBuildError as err:
             raise DemoError(f"the Kubernetes peers are unavailable: {err}") from None
         say(f"peers ready in {time.monotonic() - started:.1f} s")
+        # Built: from here on nothing needs the machine's network. Every process of the demo
+        # runs in a network namespace of its own, as in the tests (tests.peers.netns).
+        try:
+            name = enter_private_network()
+        except NetworkNamespaceError as err:
+            say(f"staying in the machine's network namespace (everything is on 127.0.0.1): {err}")
+        else:
+            say(f"the demo runs in a private network namespace ({name}): lo and {NODE_ADDRESS}")
         return binaries
 
     def control_plane(self, binaries: PeerBinaries) -> ControlPlane:
@@ -382,13 +408,16 @@ def _serve(demo: Demo) -> None:
     nodedra = demo.nodedra
     assert nodedra is not None
     section("serving")
+    # The addresses below are in the demo's network namespace: another shell reaches them
+    # through nsenter.
+    enter = f"nsenter --net=/proc/{os.getpid()}/ns/net " if in_private_network() else ""
     say(
         f"  nodedra keeps serving node {demo.node_name}. Look around with:\n"
         f"    export KUBECONFIG={demo.cp.admin_kubeconfig if demo.cp else ''}\n"
-        f"    kubectl get resourceslices,deviceclasses; kubectl -n {DEMO_NAMESPACE} get "
-        "resourceclaims -o yaml\n"
-        f"  metrics: http://127.0.0.1:{nodedra.metrics_port}/metrics, "
-        f"health: http://127.0.0.1:{nodedra.health_port}/healthz\n"
+        f"    {enter}kubectl get resourceslices,deviceclasses; {enter}kubectl -n "
+        f"{DEMO_NAMESPACE} get resourceclaims -o yaml\n"
+        f"  metrics: {enter}curl http://127.0.0.1:{nodedra.metrics_port}/metrics, "
+        f"health: {enter}curl http://127.0.0.1:{nodedra.health_port}/healthz\n"
         "  Ctrl-C stops everything."
     )
     while nodedra.alive():

@@ -1,0 +1,672 @@
+"""A real Kubernetes node on this machine: the kubelet, containerd and runc, running pods.
+
+`RealNode` registers a Node with the test control plane and runs its pods for real: the
+kubelet (built from the same k8s.io/kubernetes module as the control plane), containerd (from
+the Go module proxy, one of `CONTAINERD_VERSIONS`) and runc. What keeps it from changing the
+machine:
+
+* **Files and kernel settings**: every path of the node lives under one working directory,
+  and containerd and the kubelet run in a mount namespace of their own
+  (`tests.peers.mountns`) that catches what they write elsewhere (``/run``, ``/var/lib``,
+  ``/var/log``) and the six sysctls the kubelet would set; the mounts of pods stay in it.
+* **cgroups**: pods go below a cgroup root of the node's own in every hierarchy (`CgroupRoot`),
+  which `stop` empties (SIGKILL) and removes.
+* **Network**: pods use the host network, and the host is the test run's private network
+  namespace (`tests.peers.netns`), where the node's address lives on ``lo``. The CNI
+  configuration is a loopback-only list: enough for the runtime to report its network ready
+  (so the node becomes Ready); no CNI plugin ever runs.
+
+Other processes (nodedra, tests) work with the node through what it exposes: the kubelet's
+plugin registry and plugin directories, the CDI directory containerd reads, the NRI socket
+containerd serves, the containerd socket, and the pods' logs through the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tests.peers.build import CONTAINERD_VERSIONS, PeerBinaries
+from tests.peers.cgroups import node_cgroup_root, remove_stale_cgroup_roots
+from tests.peers.cluster import poll
+from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane
+from tests.peers.mountns import PRIVATE_DIRS, MountNamespace
+from tests.peers.netns import NODE_ADDRESS
+from tests.peers.oci import ImageSpec, write_image_archive
+from tests.peers.pods import (
+    PAUSE_IMAGE,
+    WORKLOAD_CONTAINER,
+    WORKLOAD_IMAGE,
+    container_id,
+    pod_log,
+)
+from tests.peers.process import PeerProcess, PeerProcessError, tail
+
+#: The only CNI configuration of the node: a runtime with a valid network list reports its
+#: network ready; hostNetwork pods never call a plugin, so none is installed.
+CNI_CONFLIST: Mapping[str, Any] = {
+    "cniVersion": "1.0.0",
+    "name": "nodedra-loopback",
+    "plugins": [{"type": "loopback"}],
+}
+
+#: The taint a new Node gets at registration (admission plugin TaintNodesByCondition). The
+#: node-lifecycle controller lifts it once the node is Ready; the test control plane runs
+#: without that controller (see CONTROLLERS), so `RealNode.wait_ready` lifts it as it would.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+class NodeError(RuntimeError):
+    """The node failed to start, or left something behind; the message says what."""
+
+
+def _free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _toml(value: object) -> str:
+    """A TOML value for a string, bool, int, duration or list of strings (ASCII only)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+class RealNode:
+    """One Kubernetes node of the test cluster, with the kubelet, containerd and runc.
+
+    ``start()`` prepares the cgroups and the mount namespace, starts containerd, imports the
+    pause and workload images, starts the kubelet and waits until the Node is Ready and
+    schedulable; ``stop()`` kills every pod container and daemon of the node, removes its
+    cgroups, drops its mounts and deletes the Node object, and raises NodeError if anything was
+    left behind. containerd and the kubelet can each be stopped and started again while pods
+    run (``restart_containerd``, ``restart_kubelet``).
+
+    ``workdir`` must be short (Unix socket paths live below it) and must not be below
+    PRIVATE_DIRS. ``cdi_dir`` is where containerd reads CDI specs (nodedra writes them there),
+    ``nri_socket`` where containerd serves NRI; both default to paths in ``workdir``.
+    ``kubelet_config`` is merged over the node's KubeletConfiguration (top-level keys).
+    """
+
+    def __init__(
+        self,
+        binaries: PeerBinaries,
+        cp: ControlPlane,
+        node_name: str,
+        workdir: Path | None = None,
+        *,
+        containerd_version: str = CONTAINERD_VERSIONS[0],
+        node_ip: str = NODE_ADDRESS,
+        cdi_dir: Path | None = None,
+        nri_socket: Path | None = None,
+        nri_registration_timeout: str = "5s",
+        nri_request_timeout: str = "2s",
+        feature_gates: Mapping[str, bool] = DRA_FEATURE_GATES,
+        kubelet_config: Mapping[str, Any] | None = None,
+        kubelet_verbosity: int = 2,
+        containerd_log_level: str = "info",
+    ) -> None:
+        if containerd_version not in CONTAINERD_VERSIONS:
+            raise ValueError(
+                f"containerd {containerd_version} is not built; choose from {CONTAINERD_VERSIONS}"
+            )
+        self.binaries = binaries
+        self.cp = cp
+        self.node_name = node_name
+        self.workdir = (
+            workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-node-"))
+        ).resolve()
+        self.containerd_version = containerd_version
+        self.node_ip = node_ip
+        self.cdi_dir = (cdi_dir or self.workdir / "cdi").resolve()
+        self.nri_socket = (nri_socket or self.workdir / "nri" / "nri.sock").resolve()
+        self.nri_registration_timeout = nri_registration_timeout
+        self.nri_request_timeout = nri_request_timeout
+        self.feature_gates = dict(feature_gates)
+        self.kubelet_config_overrides = dict(kubelet_config or {})
+        self.kubelet_verbosity = kubelet_verbosity
+        self.containerd_log_level = containerd_log_level
+        for path in (self.workdir, self.cdi_dir, self.nri_socket):
+            for private in PRIVATE_DIRS:
+                if path.is_relative_to(private):
+                    raise ValueError(
+                        f"{path} is below {private}, which the node's mount namespace hides "
+                        "from processes outside it; choose a path elsewhere"
+                    )
+        self.cgroups = node_cgroup_root()
+        self.namespace = MountNamespace(self.workdir)
+
+        self.bin_dir = self.workdir / "bin"
+        self.containerd_dir = self.workdir / "containerd"
+        self.containerd_socket = self.containerd_dir / "containerd.sock"
+        self.containerd_config = self.containerd_dir / "config.toml"
+        self.runc_root = self.workdir / "runc"
+        self.cni_dir = self.workdir / "cni"
+        self.images_dir = self.workdir / "images"
+        self.root_dir = self.workdir / "kubelet"
+        """The kubelet's --root-dir (a real node's /var/lib/kubelet)."""
+        self.cert_dir = self.root_dir / "pki"
+        self.pod_logs_dir = self.workdir / "log" / "pods"
+        self.kubelet_config_path = self.workdir / "kubelet-config.json"
+        self.kubeconfig = self.workdir / "kubelet.kubeconfig"
+        self.port = 0
+        self.healthz_port = 0
+
+        self.containerd: PeerProcess | None = None
+        self.kubelet: PeerProcess | None = None
+        self.images: dict[str, str] = {}
+        """Images imported into the node: name -> manifest digest."""
+        self._started = False
+
+    # -- what the node exposes --------------------------------------------------------------
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where DRA drivers (nodedra) register with the kubelet: its plugins_registry."""
+        return self.root_dir / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """The kubelet's plugins directory, below which drivers put their DRA sockets."""
+        return self.root_dir / "plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's PodResources API."""
+        return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    @property
+    def containerd_binary(self) -> Path:
+        return self.binaries.containerd(self.containerd_version)
+
+    def log_paths(self) -> dict[str, Path]:
+        return {
+            "containerd": self.workdir / "containerd.log",
+            "kubelet": self.workdir / "kubelet.log",
+            "mount-namespace": self.namespace.log_path,
+        }
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        """The last log lines of containerd and the kubelet (for failure reports)."""
+        return {
+            f"{name} of node {self.node_name} ({path})": tail(path, lines)
+            for name, path in self.log_paths().items()
+            if path.exists()
+        }
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> RealNode:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Bring the whole node up; on any failure, tear down what was started and raise."""
+        if self._started:
+            raise NodeError(f"node {self.node_name} is already started")
+        self._started = True
+        try:
+            self._prepare()
+            self.start_containerd(timeout)
+            self.import_images()
+            self.start_kubelet(timeout)
+            self.wait_ready(timeout)
+        except BaseException as err:
+            try:
+                self.stop()
+            except NodeError as cleanup:
+                raise cleanup from err
+            raise
+
+    def _prepare(self) -> None:
+        for directory in (
+            self.bin_dir,
+            self.containerd_dir,
+            self.runc_root,
+            self.cni_dir / "net.d",
+            self.cni_dir / "bin",
+            self.images_dir,
+            self.cdi_dir,
+            self.nri_socket.parent,
+            self.workdir / "nri" / "plugins",
+            self.workdir / "nri" / "conf.d",
+            self.registry_dir,
+            self.plugins_dir,
+            self.cert_dir,
+            self.pod_logs_dir,
+        ):
+            directory.mkdir(parents=True, exist_ok=True)
+        # containerd looks up its shim, and the shim runc, by their usual names.
+        links = {
+            "containerd-shim-runc-v2": self.binaries.containerd(
+                self.containerd_version, "containerd-shim-runc-v2"
+            ),
+            "runc": self.binaries.runc,
+        }
+        for name, target in links.items():
+            link = self.bin_dir / name
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+        (self.cni_dir / "net.d" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFLIST))
+        self.containerd_config.write_text(self._containerd_toml())
+        self._write_kubelet_files()
+        for stale in remove_stale_cgroup_roots():
+            print(f"[node] removed the empty cgroup root of a test run that is gone: {stale}")
+        self.cgroups.create()
+        self.namespace.start()
+
+    def stop(self, delete_node: bool = True) -> None:
+        """Stop everything of the node and check that nothing is left; idempotent.
+
+        Order matters: the kubelet first (it would restart what is killed next), then every
+        process in the node's cgroups (the pods' containers), then containerd, then whatever
+        still lives in the mount namespace (the shims), and the namespace itself.
+        """
+        problems: list[str] = []
+        if self.kubelet is not None:
+            self.stop_kubelet()
+        stubborn = self.cgroups.kill_all()
+        if stubborn:
+            problems.append(f"processes in the node's cgroups would not die: {sorted(stubborn)}")
+        if self.containerd is not None:
+            self.stop_containerd()
+        left = self.namespace.stop()
+        if left:
+            problems.append(f"processes left in the node's mount namespace: {left}")
+        cgroups = self.cgroups.remove()
+        if cgroups:
+            problems.append(f"cgroups that could not be removed: {[str(c) for c in cgroups]}")
+        mounts = self.host_mounts()
+        if mounts:
+            problems.append(f"mounts below {self.workdir} visible on the machine: {mounts}")
+        if delete_node and self._started:
+            try:
+                self.cp.delete_if_present(f"/api/v1/nodes/{self.node_name}")
+            except (OSError, RuntimeError) as err:
+                problems.append(f"deleting Node {self.node_name} failed: {err}")
+        self._started = False
+        if problems:
+            raise NodeError(f"node {self.node_name} left things behind: " + "; ".join(problems))
+
+    def host_mounts(self) -> list[str]:
+        """Mount points below the working directory that the machine (this process) sees:
+        there should be none, the node's mounts stay in its namespace."""
+        points = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4]
+            if Path(point).is_relative_to(self.workdir):
+                points.append(point)
+        return points
+
+    # -- containerd -----------------------------------------------------------------------------
+
+    def _containerd_toml(self) -> str:
+        """containerd's configuration: every path in the working directory, CRI with runc
+        (cgroupfs, a root of its own), overlayfs, the pause image pinned, CDI from cdi_dir and
+        NRI on nri_socket."""
+        state = self.containerd_dir / "state"
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        v = _toml
+        return f"""\
+version = 3
+root = {v(self.containerd_dir / "root")}
+state = {v(state)}
+
+[grpc]
+  address = {v(self.containerd_socket)}
+
+[ttrpc]
+  address = {v(str(self.containerd_socket) + ".ttrpc")}
+
+[debug]
+  address = {v(self.containerd_dir / "debug.sock")}
+  level = {v(self.containerd_log_level)}
+
+[metrics]
+  address = ''
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = {v(self.containerd_dir / "opt")}
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+
+[{runtime}]
+  # Without CAP_SYS_RESOURCE (this machine's sandbox) runc cannot lower oom_score_adj.
+  restrict_oom_score_adj = true
+  # Both would write network sysctls.
+  enable_unprivileged_ports = false
+  enable_unprivileged_icmp = false
+  cdi_spec_dirs = {v([str(self.cdi_dir)])}
+
+[{runtime}.containerd]
+  default_runtime_name = 'runc'
+
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+  runtime_path = {v(self.bin_dir / "containerd-shim-runc-v2")}
+
+[{runtime}.containerd.runtimes.runc.options]
+  BinaryName = {v(self.bin_dir / "runc")}
+  Root = {v(self.runc_root)}
+  SystemdCgroup = false
+
+[{runtime}.cni]
+  bin_dirs = {v([str(self.cni_dir / "bin")])}
+  conf_dir = {v(self.cni_dir / "net.d")}
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = {v(PAUSE_IMAGE)}
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = {v(self.nri_socket)}
+  plugin_path = {v(self.workdir / "nri" / "plugins")}
+  plugin_config_path = {v(self.workdir / "nri" / "conf.d")}
+  plugin_registration_timeout = {v(self.nri_registration_timeout)}
+  plugin_request_timeout = {v(self.nri_request_timeout)}
+"""
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return env
+
+    def ctr(self, *args: str, namespace: str = "k8s.io", timeout: float = 60.0) -> str:
+        """Run ``ctr`` against the node's containerd (in its mount namespace); its output."""
+        ctr = self.binaries.containerd(self.containerd_version, "ctr")
+        argv = [str(ctr), "--address", str(self.containerd_socket), "--namespace", namespace]
+        return self.namespace.run([*argv, *args], timeout=timeout).stdout
+
+    def _containerd_serving(self) -> bool:
+        ctr = self.binaries.containerd(self.containerd_version, "ctr")
+        result = self.namespace.run(
+            [str(ctr), "--address", str(self.containerd_socket), "version"],
+            timeout=10,
+            check=False,
+        )
+        return result.returncode == 0 and "Server:" in result.stdout
+
+    def start_containerd(self, timeout: float = 60.0) -> None:
+        """Start containerd in the node's mount namespace and wait until it serves."""
+        if self.containerd is not None:
+            raise NodeError("containerd is running")
+        argv = [str(self.containerd_binary), "--config", str(self.containerd_config)]
+        self.containerd = PeerProcess(
+            f"containerd {self.containerd_version}",
+            self.namespace.enter(argv),
+            self.log_paths()["containerd"],
+            env=self._daemon_env(),
+        )
+        try:
+            self.containerd.wait_until(self._containerd_serving, timeout, "its API serves")
+            # NRI is served as soon as the plugin starts: plugins (nodedra) may connect.
+            self.containerd.wait_until(self.nri_socket.is_socket, timeout, "NRI socket")
+        except PeerProcessError as err:
+            self.stop_containerd()
+            raise NodeError(str(err)) from None
+
+    def stop_containerd(self) -> None:
+        """Stop containerd alone; containers and their shims go on running."""
+        if self.containerd is not None:
+            self.containerd.stop()
+            self.containerd = None
+
+    def restart_containerd(self, timeout: float = 60.0) -> None:
+        self.stop_containerd()
+        self.start_containerd(timeout)
+
+    def import_images(self) -> None:
+        """Import the pause and workload images (OCI archives written from the peer build)."""
+        specs = (
+            ImageSpec(PAUSE_IMAGE, self.binaries.pause, "pause"),
+            ImageSpec(WORKLOAD_IMAGE, self.binaries.workload, "workload"),
+        )
+        for spec in specs:
+            archive = self.images_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name) + ".tar")
+            digest = write_image_archive(spec, archive)
+            self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+            self.images[spec.name] = digest
+        listed = self.ctr("images", "list", "--quiet").split()
+        missing = [name for name in self.images if name not in listed]
+        if missing:
+            raise NodeError(f"containerd does not list the imported images {missing}: {listed}")
+
+    def tasks(self) -> dict[str, int]:
+        """The node's running containers: container ID -> PID on the machine (from ``ctr``)."""
+        found = {}
+        for line in self.ctr("tasks", "list").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].isdigit():
+                found[fields[0]] = int(fields[1])
+        return found
+
+    def container_pid(self, container_id: str) -> int:
+        """The PID on the machine of a container's first process."""
+        tasks = self.tasks()
+        if container_id not in tasks:
+            raise LookupError(f"containerd runs no task {container_id}; tasks: {tasks}")
+        return tasks[container_id]
+
+    def pod_log(self, namespace: str, name: str, container: str | None = None) -> str:
+        """A container's log, read as any client would: through the API server."""
+        return pod_log(self.cp, namespace, name, container)
+
+    def pod_pid(self, namespace: str, name: str, container: str = WORKLOAD_CONTAINER) -> int:
+        """The PID on the machine of a running container of pod ``namespace/name``."""
+        pod = self.cp.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return self.container_pid(container_id(pod, container))
+
+    # -- the kubelet ------------------------------------------------------------------------------
+
+    def _write_kubelet_files(self) -> None:
+        node_kubeconfig = self.cp.node_kubeconfig(self.node_name)
+        shutil.copyfile(node_kubeconfig, self.kubeconfig)
+        self.kubeconfig.chmod(0o600)
+        serving = self.cp.ca.issue(
+            f"kubelet-serving-{self.node_name}",
+            f"system:node:{self.node_name}",
+            organizations=("system:nodes",),
+            dns_names=(self.node_name,),
+            ip_addresses=(self.node_ip,),
+            server=True,
+        )
+        self.port = _free_port(self.node_ip)
+        self.healthz_port = _free_port("127.0.0.1")
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroups.path,
+            # cgroup v1 is deprecated: since 1.35 the kubelet refuses it unless told not to.
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "address": self.node_ip,
+            "port": self.port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "tlsCertFile": str(serving.cert),
+            "tlsPrivateKeyFile": str(serving.key),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.cp.ca.pair.cert)},
+            },
+            "authorization": {"mode": "Webhook"},
+            # A test machine's disk and memory are whatever they are: never evict, never
+            # collect images (kind's node configuration does the same).
+            "evictionHard": {
+                "memory.available": "0%",
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
+                "imagefs.inodesFree": "0%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            # nodedra sets cpusets through NRI; the CPU manager would fight it.
+            "cpuManagerPolicy": "none",
+            "podLogsDir": str(self.pod_logs_dir),
+            "seccompDefault": False,
+            "featureGates": self.feature_gates,
+        }
+        config.update(self.kubelet_config_overrides)
+        self.kubelet_config_path.write_text(json.dumps(config, indent=2))
+
+    def _kubelet_healthy(self) -> bool:
+        url = f"http://127.0.0.1:{self.healthz_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.read().strip() == b"ok")
+        except urllib.error.URLError:
+            return False
+
+    def start_kubelet(self, timeout: float = 120.0) -> None:
+        """Start the kubelet in the node's mount namespace and wait for its /healthz."""
+        if self.kubelet is not None:
+            raise NodeError("the kubelet is running")
+        argv = [
+            str(self.binaries.kubelet),
+            f"--config={self.kubelet_config_path}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--root-dir={self.root_dir}",
+            f"--cert-dir={self.cert_dir}",
+            f"--hostname-override={self.node_name}",
+            f"--node-ip={self.node_ip}",
+            f"--v={self.kubelet_verbosity}",
+        ]
+        self.kubelet = PeerProcess(
+            "kubelet",
+            self.namespace.enter(argv),
+            self.log_paths()["kubelet"],
+            env=self._daemon_env(),
+        )
+        try:
+            self.kubelet.wait_until(self._kubelet_healthy, timeout, "/healthz ok")
+        except PeerProcessError as err:
+            self.stop_kubelet()
+            raise NodeError(str(err)) from None
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet alone; pods go on running."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+
+    def restart_kubelet(self, timeout: float = 120.0) -> None:
+        """Stop the kubelet and start it again; return once it serves again and knows every
+        running pod of the node (a kubelet that just started answers for a pod, e.g. for its
+        log, only once it has synced it)."""
+        self.stop_kubelet()
+        self.start_kubelet(timeout)
+        self.wait_pods_synced(timeout)
+
+    def kubelet_pods(self) -> list[dict[str, Any]]:
+        """The pods the kubelet knows, from its own API (``/pods``), as the API server's
+        client identity asks it."""
+        context = ssl.create_default_context(cafile=str(self.cp.ca.pair.cert))
+        context.load_cert_chain(str(self.cp.kubelet_client.cert), str(self.cp.kubelet_client.key))
+        url = f"https://{self.node_ip}:{self.port}/pods"
+        with urllib.request.urlopen(url, context=context, timeout=10) as resp:
+            items: list[dict[str, Any]] = json.load(resp).get("items") or []
+        return items
+
+    def wait_pods_synced(self, timeout: float = 120.0) -> None:
+        """Wait until the kubelet knows every pod the API server has bound to the node and
+        not finished."""
+        want: set[str] = set()
+        have: set[str] = set()
+
+        def synced() -> bool | None:
+            nonlocal want, have
+            query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node_name}"})
+            pods = self.cp.request("GET", f"/api/v1/pods?{query}")["items"]
+            want = {
+                p["metadata"]["uid"]
+                for p in pods
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and not p["metadata"].get("deletionTimestamp")
+            }
+            try:
+                have = {p["metadata"]["uid"] for p in self.kubelet_pods()}
+            except (OSError, ValueError):
+                return None
+            return True if want <= have else None
+
+        poll(synced, timeout, lambda: f"the kubelet to know pods {want}; it knows {have}", 0.2)
+
+    def node(self) -> dict[str, Any]:
+        """The Node object."""
+        node: dict[str, Any] = self.cp.request("GET", f"/api/v1/nodes/{self.node_name}")
+        return node
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the kubelet reports the Node Ready, then lift the not-ready taint as the
+        node-lifecycle controller would; returns the Node."""
+        seen: dict[str, Any] = {}
+
+        def ready() -> dict[str, Any] | None:
+            nonlocal seen
+            if self.kubelet is not None and not self.kubelet.alive():
+                raise NodeError(
+                    f"the kubelet exited with code {self.kubelet.popen.returncode}; log "
+                    f"{self.kubelet.log_path}:\n{self.kubelet.tail()}"
+                )
+            try:
+                seen = self.node()
+            except RuntimeError:
+                return None
+            conditions = (seen.get("status") or {}).get("conditions") or []
+            return (
+                seen
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                else None
+            )
+
+        def describe() -> str:
+            conditions = (seen.get("status") or {}).get("conditions")
+            return f"Node {self.node_name} Ready; conditions: {conditions}"
+
+        node = poll(ready, timeout, describe, 0.2)
+        taints = (node.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+        if len(kept) != len(taints):
+            node = self.cp.request(
+                "PATCH",
+                f"/api/v1/nodes/{self.node_name}",
+                {"spec": {"taints": kept or None}},
+                content_type="application/merge-patch+json",
+            )
+        return node

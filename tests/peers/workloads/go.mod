@@ -1,0 +1,3 @@
+module nodedra.test/peers/workloads
+
+go 1.26.0
