@@ -476,20 +476,48 @@ def _report_progress(lines: Iterable[str], log: Log, transcript: TextIO, started
             last_report = now
 
 
-def _check_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str]) -> None:
-    """Fail before a long build, with what to install, when cgo has no compiler or library."""
-    compiler = env.get("CC") or "gcc"
-    missing = [] if shutil.which(compiler) else [f"a C compiler ({compiler}; Debian: gcc)"]
+def _cgo_missing(group: PeerGroup, env: Mapping[str, str]) -> list[str]:
+    """The Debian packages a cgo build of ``group`` lacks on this machine."""
+    missing = [] if shutil.which(env.get("CC") or "gcc") else ["gcc", "libc6-dev"]
+    if not shutil.which("pkg-config"):
+        missing.append("pkg-config")
     for library in group.c_libraries:
         found = shutil.which("pkg-config") and (
             subprocess.run(["pkg-config", "--exists", library], check=False).returncode == 0
         )
         if not found:
-            missing.append(f"pkg-config and {library} (Debian: pkg-config {library}-dev)")
+            missing.append(f"{library}-dev")
+    return missing
+
+
+def _ensure_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str], log: Log) -> None:
+    """Install what a cgo build lacks from Debian's packages (as root), or fail saying what.
+
+    The tests' own setup installs what they need, so that ``tox`` works on a fresh machine
+    of the kind CI runs on; elsewhere the message says what to install.
+    """
+    missing = _cgo_missing(group, env)
+    if not missing:
+        return
+    apt = shutil.which("apt-get")
+    if os.geteuid() == 0 and apt is not None:
+        print(f"[peers] installing {' '.join(missing)} (Debian) to build {group.name}", file=log)
+        quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (
+            [apt, "update", "-qq"],
+            [apt, "install", "-qq", "-y", "--no-install-recommends", *missing],
+        ):
+            done = subprocess.run(argv, env=quiet, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise PeerBuildError(
+                    f"cannot install {' '.join(missing)} for {group.name}: {' '.join(argv)} "
+                    f"failed: {done.stderr.strip()[-500:]}. {SUPPLY_HINT}"
+                )
+        missing = _cgo_missing(group, env)
     if missing:
         raise PeerBuildError(
-            f"cannot build {', '.join(names)} ({group.name}): the cgo build needs "
-            f"{' and '.join(missing)}; .ci/run installs them on CI. Install them or supply "
+            f"cannot build {', '.join(names)} ({group.name}): the cgo build needs the Debian "
+            f"packages {' '.join(missing)} (or their equivalents). Install them, or supply "
             f"the binaries. {SUPPLY_HINT}"
         )
 
@@ -503,7 +531,7 @@ def build(group: PeerGroup, names: Sequence[str], dest: Path, log: Log = sys.std
     env = dict(os.environ)
     env["CGO_ENABLED"] = "1" if group.cgo else "0"  # static where it can be
     if group.cgo:
-        _check_cgo(group, names, env)
+        _ensure_cgo(group, names, env, log)
     dest.mkdir(parents=True, exist_ok=True)
     transcript_path = dest / "build.log"
     print(f"[peers] building {', '.join(names)} ({group.name}) into {dest}", file=log, flush=True)
