@@ -12,6 +12,7 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from kubernetes.client import ApiClient
 from nodedra.dra import KubeAPIError, KubeClusterAPI, RecoverableError
 from nodedra.dra.publisher import SlicePublisher
 from nodedra.dra.slices import SliceApplier
+from nodedra.policy import make_policy, parse_config
+from nodedra.topology import format_cpu_list, read_topology
 from tests.peers.cluster import create_ready_node, delete_node, resource_slices
 from tests.peers.controlplane import ControlPlane
 
@@ -601,3 +604,38 @@ def test_publisher_start_twice_fails(applier: SliceApplier) -> None:
     finally:
         publisher.stop()
     publisher.stop()  # idempotent
+
+
+SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+
+
+@pytest.mark.parametrize("policy", ["topology-aware", "static"])
+@pytest.mark.parametrize("shape", sorted(p.name for p in SYSFS.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("left", ["all", "one CPU, no memory"])
+def test_every_machine_s_devices_pass_real_validation(
+    api: KubeClusterAPI, ready_node: str, policy: str, shape: str, left: str
+) -> None:
+    """What each policy publishes for each fixture machine is a valid slice, also when the
+    configuration leaves one CPU and no memory to claim (where a request policy's step
+    would not fit in the capacity: a 2-CPU machine with CPU 0 reserved is such a node)."""
+    topology = read_topology(SYSFS / shape)
+    config: dict[str, Any] = {"policy": policy}
+    if left != "all":
+        cpus = sorted(topology.cpus)
+        config["reservedCPUs"] = format_cpu_list(cpus[:-1])
+        if policy == "topology-aware":
+            config["options"] = {"reservedMemory": "1Ei"}
+    devices = make_policy(topology, parse_config(config)).devices()
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{ready_node}-"},
+        "spec": {
+            "driver": f"{policy}.nri.io",
+            "nodeName": ready_node,
+            "pool": {"name": ready_node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+    stored = api.create_slice(body, dry_run=True)  # raises if the server refuses any
+    assert [d["name"] for d in stored["spec"]["devices"]] == [d["name"] for d in devices]

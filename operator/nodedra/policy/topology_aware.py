@@ -62,17 +62,10 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 "smtEnabled": {"bool": self._topology.smt_enabled},
             },
             "capacity": {
-                CPU_CAPACITY: {
-                    "value": str(len(cpus)),
-                    "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
-                },
-                MEMORY_CAPACITY: {
-                    "value": str(self.offered_memory(node)),
-                    "requestPolicy": {
-                        "default": "0",
-                        "validRange": {"min": "0", "step": str(MEMORY_STEP)},
-                    },
-                },
+                CPU_CAPACITY: _capacity_of(len(cpus), minimum=1, step=1),
+                MEMORY_CAPACITY: _capacity_of(
+                    self.offered_memory(node), minimum=0, step=MEMORY_STEP
+                ),
             },
             "allowMultipleAllocations": True,
         }
@@ -132,6 +125,22 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
     def _check_node_config(self, config: PolicyConfig) -> None:
         if not any(n.cpus - config.reserved_cpus for n in self._topology.nodes.values()):
             raise PolicyError("no NUMA node has CPUs left to offer")
+
+
+def _capacity_of(value: int, *, minimum: int, step: int) -> dict[str, Any]:
+    """A consumable capacity of ``value``, taken in ``step``s from ``minimum`` up.
+
+    The API refuses a step whose first one already exceeds the capacity (a NUMA node with
+    one grantable CPU, or no memory left after the reserve): then there is no step, and the
+    one value the range holds is the capacity itself.
+    """
+    valid_range = {"min": str(minimum)}
+    if minimum + step <= value:
+        valid_range["step"] = str(step)
+    return {
+        "value": str(value),
+        "requestPolicy": {"default": str(minimum), "validRange": valid_range},
+    }
 
 
 def _capacity(consumed: Any, driver: str, name: str) -> str | None:
