@@ -441,6 +441,20 @@ class NodedraProcess:
 
         return poll(check, timeout, lambda: f"{self.name} to log {text!r}:\n{self.process.tail()}")
 
+    def wait_ready(
+        self, cp: ControlPlane, node_name: str, driver: str, timeout: float = 60.0
+    ) -> None:
+        """Wait until this instance says it is ready (/readyz: the kubelet registered it,
+        claims are served, the slices are published, containers are pinned) and the API
+        server has a complete pool of its slices. Fails at once, with the log, if the
+        process exits."""
+        self.process.wait_until(lambda: self.readyz()[0] == 200, timeout, "/readyz answering 200")
+        self.process.wait_until(
+            lambda: pool_devices(resource_slices(cp, node_name, driver)) is not None,
+            timeout,
+            "its ResourceSlices published",
+        )
+
     def wait_serving(
         self,
         cp: ControlPlane,
@@ -507,6 +521,14 @@ class NodedraProcess:
                 proc.popen.wait(timeout=timeout)
         proc.stop(grace=5.0)  # SIGKILLs the group if it is still there; closes the log
         return proc.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a power cut would: no clean-up at all."""
+        proc = self.process
+        if proc.alive():
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.popen.wait(timeout=30)
+        proc.stop(grace=0.0)
 
     def stop(self) -> None:
         """Make sure it is gone (for clean-ups); idempotent."""
