@@ -12,8 +12,10 @@ model, which changes exactly as containerd's would.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +24,7 @@ from nodedra.dra import claim_of_cdi_device
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import KubeletFactory, NodedraFactory
-from tests.peers.cluster import get_pod, poll
+from tests.peers.cluster import get_claim, get_pod, pod_claim_name, poll, wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletError, KubeletHarness
 from tests.peers.nodedra_node import (
@@ -301,3 +303,151 @@ def test_claims_wait_for_the_runtime_by_default(node: Node) -> None:
     node.runtime.wait_sync(1, timeout=60)
     ids = node.kubelet.prepare(node.namespace, "early")["demo"]
     assert ids
+
+
+def template(name: str, requests: dict[str, dict[str, str]], numa: int | None = None) -> Any:
+    """A ResourceClaimTemplate of topology-aware requests (name -> consumed capacity)."""
+    selectors = (
+        [{"cel": {"expression": f'device.attributes["resource.kubernetes.io"].numaNode == {numa}'}}]
+        if numa is not None
+        else []
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": request,
+                            "exactly": {
+                                "deviceClassName": TOPOLOGY_AWARE,
+                                "capacity": {"requests": capacity},
+                                "selectors": selectors,
+                            },
+                        }
+                        for request, capacity in requests.items()
+                    ]
+                }
+            }
+        },
+    }
+
+
+def pod_of(name: str, node: str, containers: dict[str, str | None]) -> Any:
+    """A pod whose containers use the claim of template ``name`` (container -> request)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": name}],
+            "containers": [
+                {
+                    "name": container,
+                    "image": "busybox",
+                    "resources": {
+                        "claims": [{"name": "cpus", **({"request": request} if request else {})}]
+                    },
+                }
+                for container, request in containers.items()
+            ],
+        },
+    }
+
+
+def start_pod(node: Node, name: str, tpl: Any, containers: dict[str, str | None]) -> Any:
+    """Create the template and the pod; once scheduled, the kubelet prepares it."""
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{node.namespace}/resourceclaimtemplates"
+    node.cp.request("POST", claims, tpl)
+    node.cp.request(
+        "POST",
+        f"/api/v1/namespaces/{node.namespace}/pods",
+        pod_of(name, node.kubelet.node_name, containers),
+    )
+    pod = wait_pod_scheduled(node.cp, node.namespace, name)
+    claim_name = pod_claim_name(pod, "cpus")
+    assert claim_name is not None, pod.get("status")
+    return pod, get_claim(node.cp, node.namespace, claim_name)
+
+
+def test_two_containers_holding_different_results_of_one_claim(node: Node) -> None:
+    """A container that names one request of a claim gets only that result's CPUs."""
+    pod, claim = start_pod(
+        node,
+        "split",
+        template("split", {"a": {"cpu": "2"}, "b": {"cpu": "3"}}),
+        {"first": "a", "second": "b"},
+    )
+    uid = claim["metadata"]["uid"]
+    ids = node.kubelet.prepare(node.namespace, "split")
+    assert ids == {
+        "first": [f"{TOPOLOGY_AWARE}/device=claim-{uid}-0"],
+        "second": [f"{TOPOLOGY_AWARE}/device=claim-{uid}-1"],
+    }
+    state = Checkpoint(node.factory.dirs.checkpoint).load()
+    assert state is not None
+    first, second = (parse_cpu_list(g["cpus"]) for g in state.claims[uid]["grants"])
+    pod_uid = pod["metadata"]["uid"]
+    one = node.create(pod_uid, "split", ids["first"])
+    two = node.create(pod_uid, "split", ids["second"])
+    assert (node.cpus_of(one), node.cpus_of(two)) == (first, second)
+    assert (len(first), len(second)) == (2, 3)
+    assert not first & second
+
+
+def test_two_claims_on_one_numa_node_get_cpus_of_their_own(node: Node) -> None:
+    pods = [
+        start_pod(node, name, template(name, {"cpus": {"cpu": "3"}}, numa=0), {"demo": None})
+        for name in ("left", "right")
+    ]
+    containers = []
+    for (pod, claim), name in zip(pods, ("left", "right"), strict=True):
+        assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "cpudevnuma000"
+        ids = node.kubelet.prepare(node.namespace, name)["demo"]
+        containers.append(node.create(pod["metadata"]["uid"], name, ids))
+    left, right = (node.runtime.container(c) for c in containers)
+    assert not parse_cpu_list(left.cpus) & parse_cpu_list(right.cpus)
+    assert (len(parse_cpu_list(left.cpus)), len(parse_cpu_list(right.cpus))) == (3, 3)
+    assert left.mems == right.mems == "0"
+
+
+def test_best_effort_serves_claims_without_the_runtime_and_repairs_at_sync(
+    node: Node,
+) -> None:
+    """With --pinning=best-effort the kubelet is served while the runtime is away; the
+    containers it starts meanwhile are repaired when the runtime connects."""
+    node.nodedra.terminate()
+    node.runtime.stop()
+    best_effort = node.factory(node.kubelet, pinning="best-effort", nri_socket=node.runtime.socket)
+
+    def served_but_not_pinned() -> bool:
+        status, body = best_effort.readyz()
+        checks = json.loads(body)
+        return status == 503 and checks["registered"] and checks["published"] is True
+
+    best_effort.process.wait_until(served_but_not_pinned, 60, "registered, not pinning")
+    assert "containers are not pinned" in best_effort.readyz()[1]
+    claim = start_claim_pod(node.cp, node.namespace, node.kubelet.node_name, "early", {"cpu": "2"})
+    ids = node.kubelet.prepare(node.namespace, "early")["demo"]
+    cpus, _ = node.grants(claim["metadata"]["uid"])
+    pod_uid = get_pod(node.cp, node.namespace, "early")["metadata"]["uid"]
+    # The runtime comes back with the claim's container already running, unpinned.
+    node.runtime.start()
+    node.runtime.run_pod(PodSpec("sb-early", name="early", namespace=node.namespace, uid=pod_uid))
+    node.runtime.add(
+        containers=[
+            ContainerSpec(
+                "ctr-early",
+                "sb-early",
+                name="demo",
+                env=cdi_env(node.factory, ids),
+                cdi_devices=ids,
+            )
+        ]
+    )
+    node.runtime.wait_sync(1, timeout=60)
+    assert node.cpus_of("ctr-early") == cpus
