@@ -3,20 +3,22 @@
     python -m tests.peers.local                    # demo, then serve until Ctrl-C
     python -m tests.peers.local --exit-after-demo  # demo, stop, exit 0 if every step worked
 
-It builds (or finds) the Kubernetes peers, starts etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager on 127.0.0.1, registers this machine as a Ready Node, applies what a
-cluster admin applies from manifests/, gives nodedra the credentials its DaemonSet pod would
-have (a token bound to a pod on this node), starts the kubelet's own DRA code (the kubelet
-harness) and then nodedra itself, `python -m nodedra run`, reading this machine's /sys. A pod
-asks for one CPU and 64 MiB through a ResourceClaimTemplate; the scheduler allocates it from
-nodedra's slices, the kubelet's DRA manager has nodedra prepare it, and this prints what
-happened at every step: the devices published, the allocation, the CDI devices and spec the
-container would get, and the claim's status as nodedra wrote it.
+It builds (or finds) the peers, starts etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager, and a real node on this machine: the kubelet, containerd and runc
+(tests.peers.node). It applies what a cluster admin applies from manifests/, gives nodedra the
+credentials its DaemonSet pod would have (a token bound to a pod on this node), and starts
+`python -m nodedra run` reading this machine's /sys, registered with the node's kubelet and
+pinning containers through its containerd (NRI). Then two pods run: one without a claim and
+one that asks for one CPU and 64 MiB through a ResourceClaimTemplate. The demo prints what
+happened at every step, the devices published, the allocation, the CDI spec, the claim's
+status as nodedra wrote it, and side by side the CPUs the claim holds and the CPUs each
+container reports it runs on.
 
-Nothing is installed on the machine and nothing runs as a container: every process is a child
-of this one, every file is under one temporary directory, and Ctrl-C stops it all. Once the
-peers are built, the demo moves into a network namespace of its own (tests.peers.netns), so
-its traffic never reaches the machine's network; `nsenter --net=/proc/<pid>/ns/net` enters it.
+Nothing is installed on the machine and nothing of the node leaks onto it: every process is a
+child of this one, every file is under one temporary directory, and Ctrl-C stops it all. Once
+the peers are built, the demo moves into a network namespace of its own (tests.peers.netns),
+so its traffic never reaches the machine's network; `nsenter --net=/proc/<pid>/ns/net`
+enters it.
 """
 
 from __future__ import annotations
@@ -39,37 +41,30 @@ from typing import Any, TextIO
 
 import yaml
 
-from tests.peers.build import (
-    NODE_PEERS,
-    PeerBinaries,
-    PeerBuildError,
-    cache_root,
-    ensure_binaries,
-    peer_names,
-)
+from nodedra.resmgr import Checkpoint
+from nodedra.topology import format_cpu_list, parse_cpu_list
+from tests.peers.build import PeerBinaries, PeerBuildError, cache_root, ensure_binaries
 from tests.peers.cluster import (
-    create_ready_node,
     ensure_test_namespace,
     get_claim,
     pod_claim_name,
     resource_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
-from tests.peers.kubelet import KubeletHarness
+from tests.peers.controlplane import ControlPlane
 from tests.peers.netns import (
     NODE_ADDRESS,
     NetworkNamespaceError,
     enter_private_network,
     in_private_network,
 )
+from tests.peers.node import RealNode
 from tests.peers.nodedra_node import (
     MANIFESTS,
     TOPOLOGY_AWARE,
     NodeDirs,
     NodedraProcess,
     apply_objects,
-    claim_pod,
     claim_template,
     env_of_spec,
     expected_devices,
@@ -79,13 +74,16 @@ from tests.peers.nodedra_node import (
     wait_claim_status,
     write_config,
 )
+from tests.peers.pods import create_pod, wait_pod_running, wait_reports, workload_pod
 
 DEMO_NAMESPACE = "nodedra-demo"
 DEMO_TEMPLATE = "one-cpu"
 DEMO_POD = "one-cpu"
+SHARED_POD = "no-claim"
 DEMO_CAPACITY = {"cpu": "1", "memory": "64Mi"}
-#: This machine may have only two CPUs: reserve none, so that the demo pod can get one.
-DEMO_CONFIG = {"policy": "topology-aware", "reservedCPUs": ""}
+#: CPU 0 stays for the containers without claims (pinning needs one), so that on a machine
+#: of two CPUs the demo pod gets the other.
+DEMO_CONFIG = {"policy": "topology-aware", "reservedCPUs": "0"}
 
 
 class DemoError(RuntimeError):
@@ -130,7 +128,7 @@ class Demo:
         self.workdir = workdir
         self.sysfs = sysfs
         self.cp: ControlPlane | None = None
-        self.kubelet: KubeletHarness | None = None
+        self.node: RealNode | None = None
         self.nodedra: NodedraProcess | None = None
         self.dirs = NodeDirs.under(workdir / "node")
         self.config = write_config(workdir / "config.yaml", DEMO_CONFIG)
@@ -138,23 +136,21 @@ class Demo:
     # -- bringing it up ------------------------------------------------------------------------
 
     def peers(self) -> PeerBinaries:
-        say(f"building peers (first time: ~7 min, later runs reuse {cache_root()})...")
+        say(f"building peers (first time: ~9 min, later runs reuse {cache_root()})...")
         started = time.monotonic()
         try:
-            # The demo's node is the kubelet harness: a real node's peers are not needed.
-            names = [n for n in peer_names() if n not in NODE_PEERS]
-            binaries = ensure_binaries(log=_Prefixed(sys.stdout, "  "), names=names)
+            binaries = ensure_binaries(log=_Prefixed(sys.stdout, "  "))
         except PeerBuildError as err:
-            raise DemoError(f"the Kubernetes peers are unavailable: {err}") from None
+            raise DemoError(f"the peers are unavailable: {err}") from None
         say(f"peers ready in {time.monotonic() - started:.1f} s")
         # Built: from here on nothing needs the machine's network. Every process of the demo
-        # runs in a network namespace of its own, as in the tests (tests.peers.netns).
+        # runs in a network namespace of its own, as in the tests (tests.peers.netns): the
+        # node's address lives there.
         try:
             name = enter_private_network()
         except NetworkNamespaceError as err:
-            say(f"staying in the machine's network namespace (everything is on 127.0.0.1): {err}")
-        else:
-            say(f"the demo runs in a private network namespace ({name}): lo and {NODE_ADDRESS}")
+            raise DemoError(f"the real node needs a network namespace of its own: {err}") from None
+        say(f"the demo runs in a private network namespace ({name}): lo and {NODE_ADDRESS}")
         return binaries
 
     def control_plane(self, binaries: PeerBinaries) -> ControlPlane:
@@ -167,29 +163,23 @@ class Demo:
         say(f"scheduler and controller-manager up in {time.monotonic() - started:.1f} s")
         return self.cp
 
-    def node(self, cp: ControlPlane, binaries: PeerBinaries) -> KubeletHarness:
-        create_ready_node(cp, self.node_name)
-        say(f"node {self.node_name} registered, Ready")
+    def start_node(self, cp: ControlPlane, binaries: PeerBinaries) -> RealNode:
         applied = install_nodedra(cp)
         kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in applied)
         say(f"admin manifests applied (server-side): {kinds}")
         started = time.monotonic()
-        self.kubelet = KubeletHarness(
-            binaries.kubelet_harness,
-            cp.node_kubeconfig(self.node_name),
-            self.node_name,
-            self.workdir / "kubelet",
-            feature_gates=feature_gates_flag(DRA_FEATURE_GATES),
+        self.node = RealNode(
+            binaries, cp, self.node_name, self.workdir / "n", cdi_dir=self.dirs.cdi
         )
-        self.kubelet.start()
-        self.kubelet.wait_slice_wipe("")
+        self.node.start()
         say(
-            f"kubelet DRA harness up in {time.monotonic() - started:.1f} s "
-            "(its start-up wipe of the node's ResourceSlices is done)"
+            f"node {self.node_name} Ready in {time.monotonic() - started:.1f} s: kubelet "
+            f"{self.node.node()['status']['nodeInfo']['kubeletVersion']}, containerd "
+            f"{self.node.containerd_version}, runc; NRI on {self.node.nri_socket}"
         )
-        return self.kubelet
+        return self.node
 
-    def start_nodedra(self, cp: ControlPlane, kubelet: KubeletHarness) -> NodedraProcess:
+    def start_nodedra(self, cp: ControlPlane, node: RealNode) -> NodedraProcess:
         identity = pod_identity(
             cp, self.node_name, self.workdir / "identity", expiration_seconds=7 * 24 * 3600
         )
@@ -201,44 +191,89 @@ class Demo:
             name="nodedra",
             node_name=self.node_name,
             kubeconfig=identity.kubeconfig,
-            registry_dir=kubelet.registry_dir,
+            registry_dir=node.registry_dir,
             dirs=self.dirs,
             sysfs=self.sysfs,
             config=self.config,
             log_path=self.workdir / "nodedra.log",
+            pinning="required",
+            nri_socket=node.nri_socket,
         )
         started = time.monotonic()
         self.nodedra.start()
         say(f"nodedra run started (pid {self.nodedra.pid}), log {self.nodedra.log_path}")
         devices = len(expected_devices(self.sysfs, self.config)["topology-aware"])
-        plugin = self.nodedra.wait_serving(cp, kubelet, TOPOLOGY_AWARE, devices)
+        self.nodedra.wait_ready(cp, self.node_name, TOPOLOGY_AWARE)
         say(
-            f"nodedra registered with the kubelet ({plugin.chosen_service} at {plugin.endpoint}) "
-            f"and published {devices} device(s) in {time.monotonic() - started:.1f} s"
+            f"nodedra registered with the kubelet, published {devices} device(s) and "
+            f"synchronized with containerd in {time.monotonic() - started:.1f} s"
         )
         return self.nodedra
 
     # -- the demo pod ---------------------------------------------------------------------------
 
-    def run_pod(self, cp: ControlPlane, kubelet: KubeletHarness) -> None:
-        """The demo: slices, a pod's claim allocated, prepared, described; what it got."""
+    def run_pods(self, cp: ControlPlane) -> None:
+        """The demo: slices, a pod's claim allocated, prepared, described; where it runs."""
         self.show_slices(cp)
+        ensure_test_namespace(cp, DEMO_NAMESPACE)
+        create_pod(cp, DEMO_NAMESPACE, self.probe(SHARED_POD))
+        wait_pod_running(cp, DEMO_NAMESPACE, SHARED_POD)
         claim = self.schedule_pod(cp)
         uid = claim["metadata"]["uid"]
         started = time.monotonic()
-        containers = kubelet.prepare(DEMO_NAMESPACE, DEMO_POD)
-        section(f"the kubelet prepared the pod ({time.monotonic() - started:.2f} s)")
-        for container, ids in containers.items():
-            say(f"  container {container!r} gets CDI devices: {', '.join(ids) or 'none'}")
-        if not any(containers.values()):
-            raise DemoError(f"the kubelet gave the container no CDI device: {containers}")
+        wait_pod_running(cp, DEMO_NAMESPACE, DEMO_POD)
+        elapsed = time.monotonic() - started
+        section(f"the kubelet prepared the claim and started the pod ({elapsed:.1f} s)")
         self.show_spec(uid)
         entries = wait_claim_status(
             cp, DEMO_NAMESPACE, claim["metadata"]["name"], TOPOLOGY_AWARE, present=True
         )
         section(f"claim {claim['metadata']['name']} status.devices, written by nodedra")
         print(indent(yaml.safe_dump(entries, sort_keys=False)), end="", flush=True)
+        self.show_where_they_run(cp, uid)
         self.show_metrics()
+
+    def probe(self, name: str, template: str | None = None) -> dict[str, Any]:
+        """A pod running the probe, which reports the CPUs it may use every second."""
+        claims = [{"name": "cpus", "resourceClaimTemplateName": template}] if template else []
+        return workload_pod(
+            name,
+            node_selector={"kubernetes.io/hostname": self.node_name},
+            report_interval="1s",
+            claims=claims,
+        )
+
+    def show_where_they_run(self, cp: ControlPlane, uid: str) -> None:
+        """The claim's CPUs beside the CPUs each container says it runs on."""
+        state = Checkpoint(self.dirs.checkpoint).load()
+        if state is None or uid not in state.claims:
+            raise DemoError(f"claim {uid} is not in nodedra's checkpoint")
+        claimed = frozenset().union(
+            *(parse_cpu_list(g["cpus"]) for g in state.claims[uid]["grants"])
+        )
+        section("where the containers run (what each reports of /proc/self/status)")
+        say(f"  the claim holds CPUs {format_cpu_list(claimed)} (nodedra's checkpoint)")
+        for pod, wanted in ((DEMO_POD, claimed), (SHARED_POD, None)):
+            report = self.wait_report(cp, pod, wanted, claimed)
+            say(
+                f"  pod {pod}: Cpus_allowed_list {report['cpus_allowed_list']}, "
+                f"Mems_allowed_list {report['mems_allowed_list']}, cgroup cpuset.cpus "
+                f"{report['cgroup']['cpus']}"
+            )
+
+    def wait_report(
+        self, cp: ControlPlane, pod: str, wanted: frozenset[int] | None, claimed: frozenset[int]
+    ) -> dict[str, Any]:
+        """The probe's first report that shows the pinning (``wanted``, or none of ``claimed``)."""
+        deadline = time.monotonic() + 30
+        while True:
+            report = wait_reports(cp, DEMO_NAMESPACE, pod)[-1]
+            cpus = parse_cpu_list(report["cpus_allowed_list"])
+            if (cpus == wanted) if wanted is not None else (cpus and not cpus & claimed):
+                return report
+            if time.monotonic() > deadline:
+                raise DemoError(f"pod {pod} runs on CPUs {format_cpu_list(cpus)}: {report}")
+            time.sleep(0.5)
 
     def show_slices(self, cp: ControlPlane) -> None:
         section("ResourceSlices of this node, published by nodedra")
@@ -267,7 +302,6 @@ class Demo:
         section("the demo pod")
         apply_objects(cp, load_manifests([MANIFESTS / "deviceclasses.yaml"]))
         say("  DeviceClass topology-aware.nri.io applied (manifests/deviceclasses.yaml)")
-        ensure_test_namespace(cp, DEMO_NAMESPACE)
         cp.request(
             "POST",
             f"/apis/resource.k8s.io/v1/namespaces/{DEMO_NAMESPACE}/resourceclaimtemplates",
@@ -278,11 +312,7 @@ class Demo:
             f"{TOPOLOGY_AWARE}, capacity cpu {DEMO_CAPACITY['cpu']}, memory "
             f"{DEMO_CAPACITY['memory']}"
         )
-        cp.request(
-            "POST",
-            f"/api/v1/namespaces/{DEMO_NAMESPACE}/pods",
-            claim_pod(DEMO_POD, self.node_name, DEMO_TEMPLATE),
-        )
+        create_pod(cp, DEMO_NAMESPACE, self.probe(DEMO_POD, DEMO_TEMPLATE))
         started = time.monotonic()
         say(f"  Pod {DEMO_NAMESPACE}/{DEMO_POD} created (nodeSelector: this node)")
         pod = wait_pod_scheduled(cp, DEMO_NAMESPACE, DEMO_POD)
@@ -336,13 +366,17 @@ class Demo:
         section("nodedra's metrics and health")
         prepared = nodedra.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"})
         say(f"  nodedra_requests_total{{kind=prepare,result=ok}} {prepared:g}")
-        for metric in ("nodedra_devices_published", "nodedra_claims_held"):
+        for metric in (
+            "nodedra_devices_published",
+            "nodedra_claims_held",
+            "nodedra_nri_connected",
+            "nodedra_containers",
+            "nodedra_pinned_containers",
+            "nodedra_shared_cpus",
+        ):
             say(f"  {metric} {nodedra.metric(metric) or 0:g}")
-        status, body = nodedra.healthz()
-        probe = json.loads(body).get("nodedra", {}) if status == 200 else {}
-        say(
-            f"  /healthz: {status} (started: {probe.get('started')}, driver: {probe.get('driver')})"
-        )
+        status, body = nodedra.readyz()
+        say(f"  /readyz: {status} {json.dumps(json.loads(body), sort_keys=True)}")
 
     # -- tearing it down ------------------------------------------------------------------------
 
@@ -358,9 +392,9 @@ class Demo:
 
     def close(self) -> None:
         self.stop_nodedra()
-        if self.kubelet is not None:
-            self.kubelet.stop()
-            self.kubelet = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         if self.cp is not None:
             self.cp.stop()
             self.cp = None
@@ -369,8 +403,8 @@ class Demo:
         tails: dict[str, str] = {}
         if self.nodedra is not None:
             tails.update(self.nodedra.log_tails(30))
-        if self.kubelet is not None:
-            tails[f"kubelet harness ({self.kubelet.log_path})"] = self.kubelet.log_tail(20)
+        if self.node is not None:
+            tails.update(self.node.log_tails(20))
         return tails
 
 
@@ -449,9 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             binaries = demo.peers()
             cp = demo.control_plane(binaries)
-            kubelet = demo.node(cp, binaries)
-            demo.start_nodedra(cp, kubelet)
-            demo.run_pod(cp, kubelet)
+            node = demo.start_node(cp, binaries)
+            demo.start_nodedra(cp, node)
+            demo.run_pods(cp)
             section("demo done: every step worked")
             if args.exit_after_demo:
                 code = demo.stop_nodedra()
