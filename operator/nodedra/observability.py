@@ -37,6 +37,8 @@ class PinningUsage:
     shared_cpus: int
     unreserved: int
     """Containers seen naming claims not reserved for their pods, so far."""
+    cpu_manager_conflicts: int = 0
+    """Cpusets the kubelet asked for, so far: its CPU manager pins containers too."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class _UsageCollector(Collector):
             "nodedra_unreserved_claims",
             "Containers that named claims not reserved for their pod (given the shared pool).",
             value=pinning.unreserved,
+        )
+        yield CounterMetricFamily(
+            "nodedra_cpu_manager_conflicts",
+            "Cpusets the kubelet asked for: its CPU manager policy is not none.",
+            value=pinning.cpu_manager_conflicts,
         )
 
 

@@ -261,6 +261,7 @@ class Runtime:
                     containers=len(containers.pinning.containers),
                     shared_cpus=len(policy.online_cpus() - policy.allocated_cpus()),
                     unreserved=containers.pinning.unreserved_total,
+                    cpu_manager_conflicts=containers.cpu_manager_conflicts,
                 ),
             )
         finally:

@@ -223,6 +223,9 @@ def test_the_kubelet_cannot_move_a_pinned_container(node: Node) -> None:
     assert parse_cpu_list(answer.applied.cpus) == cpus
     assert answer.applied.shares == 512, "the rest of the kubelet's update stands"
     assert node.cpus_of(claimed) == cpus
+    # Only a CPU manager other than none sets cpusets: said, and counted.
+    assert "its CPU manager policy is not none" in node.nodedra.log_text()
+    assert node.nodedra.metric("nodedra_cpu_manager_conflicts_total") == 1
 
 
 def test_a_container_naming_another_pods_claim_gets_the_shared_pool(node: Node) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from nodedra.dra import driver_name
+from nodedra.nri import DEFAULT_SOCKET
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS
 
@@ -58,6 +59,7 @@ EXPECTED_HOST_PATHS = {
     "/var/lib/kubelet/plugins_registry",
     "/var/lib/kubelet/plugins",
     "/var/run/cdi",
+    "/var/run/nri",
     "/var/lib/nodedra",
 }
 
@@ -274,6 +276,11 @@ def test_daemonset_mounts_host_paths_at_the_same_path() -> None:
         assert mounts.get(name) == path, f"hostPath volume {name} ({path}) mounted at {mounts}"
     volumes = {v["name"] for v in pod["volumes"]}
     assert set(mounts) <= volumes
+
+
+def test_daemonset_mounts_the_nri_socket_nodedra_connects_to() -> None:
+    nri = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}["nri"]
+    assert Path(nri) == DEFAULT_SOCKET.parent
 
 
 def test_daemonset_mounts_the_config_where_nodedra_reads_it() -> None:

@@ -61,8 +61,11 @@ class RuntimeOwner(Protocol):
         """The cpuset of a container being created (None: leave it) and others' updates."""
         ...
 
-    def update_container(self, pod: Pod, container: Container) -> list[Update]:
-        """The kubelet changes a container's resources: what to (re)assert."""
+    def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
+        """The kubelet changes a container's resources: what to (re)assert.
+
+        ``requested`` is the cpuset the kubelet asks for, if it asks for one.
+        """
         ...
 
     def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
@@ -216,7 +219,10 @@ class Events:
 
     def _update_container(self, payload: bytes) -> Message:
         request = pb.UpdateContainerRequest.FromString(payload)
-        updates = self._owner.update_container(pod_of(request.pod), container_of(request.container))
+        cpu = request.linux_resources.cpu
+        updates = self._owner.update_container(
+            pod_of(request.pod), container_of(request.container), CPUSet(cpu.cpus, cpu.mems)
+        )
         return pb.UpdateContainerResponse(update=container_updates(updates))
 
     def _stop_container(self, payload: bytes) -> Message:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -22,6 +23,9 @@ from nodedra.policy import Policy
 from .pinning import Books, Decision, Pinning, Reservation, same
 
 log = logging.getLogger(__name__)
+
+CONFLICT_WARNING_PERIOD = 600.0
+"""Seconds between two error lines about the kubelet's CPU manager pinning too."""
 
 
 def reserved_pods(claim: Mapping[str, Any]) -> frozenset[str]:
@@ -59,6 +63,9 @@ class ContainerPinner:
         self.pinning = Pinning(driver, policy.results_in_environment)
         self._state = threading.Lock()  # guards the two fields below, never held long
         self._connected = False
+        self._warned = -CONFLICT_WARNING_PERIOD
+        self.cpu_manager_conflicts = 0
+        """Cpusets the kubelet asked for (for the metrics): a CPU manager is at work."""
         self.detail = "not connected yet"
         """What the runtime connection is like, in words (for readiness and logs)."""
 
@@ -99,6 +106,7 @@ class ContainerPinner:
         self, pod: Pod, container: Container
     ) -> tuple[CPUSet | None, list[Update]]:
         """Pin the new container, and bring any other container still behind up to date."""
+        self._cpu_manager_check(container.cpuset, f"container {container.name} of pod {pod}")
         with self._books() as books:
             self.pinning.pods[pod.id] = pod
             decision = self.pinning.decide(pod, container, books)
@@ -117,8 +125,9 @@ class ContainerPinner:
         self.pinning.told(others)
         return decision.cpuset, others
 
-    def update_container(self, pod: Pod, container: Container) -> list[Update]:
+    def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
         """The kubelet changes a container's resources: its cpuset stays ours."""
+        self._cpu_manager_check(requested, f"container {container.name} of pod {pod}")
         with self._books() as books:
             decision = self.pinning.decide(pod, container, books)
             self.pinning.track(pod, container, decision, decision.cpuset)
@@ -164,6 +173,28 @@ class ContainerPinner:
             self._on_synchronized()
 
     # Internals -----------------------------------------------------------------------------
+
+    def _cpu_manager_check(self, asked: CPUSet, what: str) -> None:
+        """The kubelet sets cpusets only with a CPU manager policy other than none.
+
+        Then two would pin containers: nodedra's cpuset wins (it answers last), but the
+        kubelet's CPU manager accounts CPUs nodedra gives away. Said loudly, and counted.
+        """
+        if not asked.cpus:
+            return
+        with self._state:
+            self.cpu_manager_conflicts += 1
+            now = time.monotonic()
+            if now - self._warned < CONFLICT_WARNING_PERIOD:
+                return
+            self._warned = now
+        log.error(
+            "the kubelet asked for cpuset %s for %s: its CPU manager policy is not none, so "
+            "it pins containers too, and the CPUs it hands out are nodedra's to give. Set "
+            "cpuManagerPolicy: none in the kubelet's configuration on nodes nodedra pins",
+            asked.cpus,
+            what,
+        )
 
     def _refresh(self, uids: Sequence[str]) -> None:
         """Read whom claims ``uids`` are reserved for now (pods share claims).

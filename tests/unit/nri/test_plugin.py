@@ -53,7 +53,7 @@ class Owner:
         self.created.append(container)
         return CPUSet("4-5", "0"), [Update("other", CPUSet("0-3"))]
 
-    def update_container(self, pod: Pod, container: Container) -> list[Update]:
+    def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
         return [Update(container.id, CPUSet("4-5"))]
 
     def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
