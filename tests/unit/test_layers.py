@@ -32,6 +32,10 @@ def loaded_by(module: str) -> set[str]:
         ("nodedra.topology", {"nodedra.policy", "nodedra.dra", "grpc", "kopf", "kubernetes"}),
         ("nodedra.policy", {"nodedra.dra", "nodedra.resmgr", "grpc", "kopf", "kubernetes"}),
         ("nodedra.dra", {"nodedra.policy", "nodedra.resmgr", "nodedra.handlers", "kopf"}),
+        (
+            "nodedra.nri",
+            {"nodedra.dra", "nodedra.policy", "nodedra.resmgr", "kopf", "kubernetes", "grpc"},
+        ),
         ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
     ],
 )

@@ -145,12 +145,12 @@ class ResourceManager:
         in any case before a container of the claim starts: its creation updates them).
         """
         self._save(faults.PREPARE_CHECKPOINT)
-        self._updates_due = True
+        self._books_changed()
 
     def claim_released(self) -> None:
         """Save the policy's state after a release; its CPUs go back to the shared pool."""
         self._save(faults.UNPREPARE_CHECKPOINT)
-        self._updates_due = True
+        self._books_changed()
 
     # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
 
@@ -318,6 +318,12 @@ class ResourceManager:
 
     # Internals -------------------------------------------------------------------------
 
+    def _books_changed(self) -> None:
+        """Claims came or went (lock held): containers may have to change CPUs."""
+        if self.containers is not None:
+            self.containers.pinning.behind = True
+            self._updates_due = True
+
     def _check_pinnable(self, config: PolicyConfig) -> None:
         """With pinning, a configuration must leave a CPU no claim can take.
 
@@ -361,6 +367,7 @@ class ResourceManager:
             self._check_owner(state)
             self._policy.restore(state.claims)
             self._reservations = _reservations(state)
+            self._books_changed()
         self._saved = current
         self._take_view()
         log.info("took back the claims another instance of %s committed", self.driver)

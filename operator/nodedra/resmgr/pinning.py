@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from nodedra.dra import container_claims
 from nodedra.nri import Container, CPUSet, Pod, Update
@@ -66,6 +67,11 @@ class Books:
         """The CPUs of every container without claims."""
         return self.online - self.allocated
 
+    @cached_property
+    def shared_cpuset(self) -> CPUSet:
+        """The cpuset of every container without claims."""
+        return CPUSet(format_cpu_list(self.shared))
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -97,6 +103,10 @@ class Pinning:
     containers: dict[str, _Tracked] = field(default_factory=dict)
     unreserved_total: int = 0
     """Containers that named a claim not reserved for their pod (for the metrics)."""
+    behind: bool = False
+    """Whether some container may run on other CPUs than it should: the books changed (a
+    commit), or the runtime failed an update. Until then looking for stale containers,
+    which costs a decision per container, finds nothing and is skipped."""
 
     def held(self, container: Container) -> dict[str, frozenset[int]]:
         """The claims (and result indexes) of our driver that ``container`` names."""
@@ -123,7 +133,7 @@ class Pinning:
             if usable:
                 honoured[uid] = usable
         if not honoured:
-            return Decision(CPUSet(format_cpu_list(books.shared)), {}, tuple(unreserved))
+            return Decision(books.shared_cpuset, {}, tuple(unreserved))
         cpus: set[int] = set()
         mems: set[int] = set()
         for uid, indexes in honoured.items():
@@ -164,12 +174,16 @@ class Pinning:
         """Start again from what the runtime says it has (a new connection)."""
         self.pods = {pod.id: pod for pod in pods}
         self.containers = {}
+        self.behind = False
 
     def stale(self, books: Books, exclude: str = "") -> list[Update]:
         """The updates that bring every known container to what it should run on now.
 
         ``exclude`` names a container being created (the runtime refuses updates of it).
         """
+        if not self.behind:
+            return []
+        self.behind = False  # until the books change again, or the runtime fails these
         updates = []
         for known in self.containers.values():
             if known.container.id == exclude:
@@ -186,6 +200,8 @@ class Pinning:
             known = self.containers.get(update.container_id)
             if known is not None and update.container_id not in missed:
                 known.told = merged(known.told, update.cpuset)
+        if missed:
+            self.behind = True
 
     @property
     def pinned(self) -> int:

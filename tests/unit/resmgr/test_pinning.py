@@ -77,10 +77,16 @@ def test_only_containers_behind_what_they_should_have_are_updated() -> None:
     books.track(POD, shared, books.decide(POD, shared, BOOKS), CPUSet("0-3,6-29,31-55"))
     assert books.stale(BOOKS) == []
     freed = Books(BOOKS.grants, BOOKS.reservations, BOOKS.online, parse_cpu_list("4-5"))
+    assert books.stale(freed) == [], "nothing changed as far as the books know"
+    books.behind = True  # a commit: claim(s) came or went
     (update,) = books.stale(freed)
     assert update.cpuset.cpus == "0-3,6-55"
     books.told([update])
     assert books.stale(freed) == []
+    books.behind = True
+    assert books.stale(freed) == [], "told: it has what it should"
+    books.told([update], failed=[update.container_id])
+    assert books.behind, "a failed update is tried again"
 
 
 def test_cpu_lists_are_compared_as_sets() -> None:
