@@ -201,20 +201,27 @@ def workload_controllers(control_plane: ControlPlane) -> ControlPlane:
     return control_plane
 
 
-@pytest.fixture(scope="session")
-def admin_api(control_plane: ControlPlane) -> Iterator[ApiClient]:
-    """The official `kubernetes` client, acting as cluster admin."""
+@contextlib.contextmanager
+def admin_client(cp: ControlPlane) -> Iterator[ApiClient]:
+    """The official `kubernetes` client, acting as ``cp``'s cluster admin."""
     configuration = Configuration(
-        host=control_plane.url,
-        ssl_ca_cert=str(control_plane.ca.pair.cert),
-        cert_file=str(control_plane.admin.cert),
-        key_file=str(control_plane.admin.key),
+        host=cp.url,
+        ssl_ca_cert=str(cp.ca.pair.cert),
+        cert_file=str(cp.admin.cert),
+        key_file=str(cp.admin.key),
     )
     client = ApiClient(configuration)
     try:
         yield client
     finally:
         client.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="session")
+def admin_api(control_plane: ControlPlane) -> Iterator[ApiClient]:
+    """The official `kubernetes` client, acting as cluster admin."""
+    with admin_client(control_plane) as client:
+        yield client
 
 
 # -- per-test peers ----------------------------------------------------------

@@ -17,12 +17,14 @@ from nodedra.topology import Topology, format_cpu_list
 def inventory(topology: Topology, config: PolicyConfig) -> dict[str, Any]:
     """The topology's JSON plus, per policy, the devices it would publish under ``config``.
 
-    ``config``'s reserved CPUs apply to every policy; its options only to its own policy.
+    ``config``'s reserved CPUs and node-allocatable switch apply to every policy; its
+    options only to its own policy.
     """
     devices = {}
     for name in POLICIES:
         options = config.options if name == config.policy else {}
-        policy = make_policy(topology, PolicyConfig(name, config.reserved_cpus, options))
+        each = PolicyConfig(name, config.reserved_cpus, options, config.node_allocatable)
+        policy = make_policy(topology, each)
         devices[name] = policy.devices()
     return {**topology.to_json(), "devices": devices}
 

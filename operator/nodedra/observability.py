@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -53,6 +53,8 @@ class NodeUsage:
     """NUMA node -> grantable CPUs nobody holds."""
     pinning: PinningUsage | None = None
     """None when pinning is off."""
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    """API server feature gate -> on, for the gates probed so far."""
 
 
 class _UsageCollector(Collector):
@@ -79,6 +81,15 @@ class _UsageCollector(Collector):
             for node, count in sorted(values.items()):
                 family.add_metric([str(node)], count)
             yield family
+        gates = GaugeMetricFamily(
+            "nodedra_api_feature_gate",
+            "1 if the API server has the feature gate on (probed once; fields of gates that "
+            "are off are not published).",
+            labels=["gate"],
+        )
+        for gate, on in sorted(usage.feature_gates.items()):
+            gates.add_metric([gate], int(on))
+        yield gates
         pinning = usage.pinning
         if pinning is None:
             return

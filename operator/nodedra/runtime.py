@@ -263,6 +263,7 @@ class Runtime:
                     unreserved=containers.pinning.unreserved_total,
                     cpu_manager_conflicts=containers.cpu_manager_conflicts,
                 ),
+                feature_gates=self.manager.plugin.feature_gates(),
             )
         finally:
             self.manager.release()

@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 
 from nodedra.dra import driver_name
+from nodedra.lib.quantity import parse_quantity
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
 from tests.peers.build import CONTAINERD_VERSIONS
+from tests.peers.cgroups import cgroup_path, hierarchy_of
 from tests.peers.cluster import get_claim, pod_claim_name, poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.node import RealNode
@@ -40,6 +42,8 @@ from tests.peers.pods import (
 )
 
 POLICIES = ("topology-aware", "static")
+UNLIMITED_MEMORY = 1 << 62
+"""Above this, cgroup v1's memory.limit_in_bytes means no limit (it says 2^63 less a page)."""
 RESERVED = "0"
 """Reserved: always in the shared pool (the machine's first CPU)."""
 
@@ -72,14 +76,14 @@ class Pinned:
         self.nodedra = start_nodedra(self.factory, self.node, self.cp, self.driver, **settings)
         return self.nodedra
 
-    def run_claim_pod(self, name: str) -> dict[str, Any]:
+    def run_claim_pod(self, name: str, **options: Any) -> dict[str, Any]:
         """A probe pod with a claim of one CPU, running; the pod."""
         self.cp.request(
             "POST",
             f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaimtemplates",
             claim_template(name, self.driver, claims_capacity(self.policy)),
         )
-        self.create(name, claims=[{"name": "cpus", "resourceClaimTemplateName": name}])
+        self.create(name, claims=[{"name": "cpus", "resourceClaimTemplateName": name}], **options)
         return wait_pod_running(self.cp, self.namespace, name, timeout=120)
 
     def create(self, name: str, **options: Any) -> None:
@@ -116,6 +120,14 @@ class Pinned:
             *(parse_cpu_list(g["cpus"]) for c in state.claims.values() for g in c["grants"])
         )
 
+    def cgroups(self, pod: str) -> tuple[dict[str, Path], dict[str, Path]]:
+        """The cpu and memory cgroup directories of the pod's container, and of the pod."""
+        pid = self.node.pod_pid(self.namespace, pod)
+        container = {
+            c: hierarchy_of(c).mount / cgroup_path(pid, c).lstrip("/") for c in ("cpu", "memory")
+        }
+        return container, {c: d.parent for c, d in container.items()}
+
     def runs_on(self, pod: str) -> frozenset[int]:
         """The CPUs the machine lets the pod's container run on now."""
         pid = self.node.pod_pid(self.namespace, pod)
@@ -136,6 +148,10 @@ class Pinned:
                 f"pod {pod} on CPUs {format_cpu_list(expected)}; it runs on {format_cpu_list(seen)}"
             ),
         )
+
+
+def read_int(directory: Path, name: str) -> int:
+    return int((directory / name).read_text())
 
 
 def start_nodedra(
@@ -231,6 +247,40 @@ def test_a_claim_that_does_not_fit_leaves_the_pod_pending(pinned: Pinned) -> Non
     pod = pinned.cp.request("GET", f"/api/v1/namespaces/{pinned.namespace}/pods/second")
     assert pod["status"]["phase"] == "Pending"
     assert Checkpoint(pinned.factory.dirs.checkpoint).load() == before, "nothing allocated"
+
+
+def test_the_claim_s_cpu_and_memory_are_in_the_pod_s_cgroup_limits(pinned: Pinned) -> None:
+    """The devices map the node's cpu (and memory): the scheduler accounts the claim in the
+    pod's status, and the kubelet adds it to the pod's requests and to the limits the
+    container declares, as the cgroup files say; a container that declares none gets none."""
+    capacity = claims_capacity(pinned.policy) or {}
+    claimed_memory = int(parse_quantity(capacity.get("memory", "0")))
+    requests = {"cpu": "100m", "memory": "32Mi"}
+    limits = {"cpu": "200m", "memory": "64Mi"}
+
+    pod = pinned.run_claim_pod("requests-only", resources={"requests": requests})
+    (status,) = pod["status"]["nodeAllocatableResourceClaimStatuses"]
+    assert status["resourceClaimName"] == pinned.claim_of(pod)["metadata"]["name"]
+    assert {m["name"]: parse_quantity(m["quantity"]) for m in status["mapping"]} == (
+        {"cpu": 1, "memory": claimed_memory} if claimed_memory else {"cpu": 1}
+    )
+    container, pod_cgroup = pinned.cgroups("requests-only")
+    # The pod's share of CPU time is its requests with the claim's CPU (MilliCPUToShares).
+    assert read_int(pod_cgroup["cpu"], "cpu.shares") == (100 + 1000) * 1024 // 1000
+    for directory in (container, pod_cgroup):
+        assert read_int(directory["cpu"], "cpu.cfs_quota_us") == -1, directory
+        assert read_int(directory["memory"], "memory.limit_in_bytes") >= UNLIMITED_MEMORY
+    pinned.cp.request("DELETE", f"/api/v1/namespaces/{pinned.namespace}/pods/requests-only")
+    poll(lambda: True if not pinned.claimed() else None, 60, lambda: "the claim released")
+
+    pinned.run_claim_pod("limited", resources={"requests": requests, "limits": limits})
+    container, pod_cgroup = pinned.cgroups("limited")
+    period = read_int(container["cpu"], "cpu.cfs_period_us")
+    cpu_limit = (200 + 1000) * period // 1000  # the kubelet's MilliCPUToQuota
+    memory_limit = (64 << 20) + claimed_memory
+    for directory in (container, pod_cgroup):
+        assert read_int(directory["cpu"], "cpu.cfs_quota_us") == cpu_limit, directory
+        assert read_int(directory["memory"], "memory.limit_in_bytes") == memory_limit, directory
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

@@ -458,12 +458,13 @@ def test_rolling_update_hands_over_without_unregistering(
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
 ) -> None:
-    """maxSurge 1: the new pod serves beside the old one and takes over its claims."""
+    """maxSurge 1: the new pod serves beside the old one and takes over its claims (three
+    claims of 2 CPUs: the node's 8 allocatable CPUs hold them all)."""
     cp = workload_controllers
     node = kubelet.node_name
     old = nodedra_factory(kubelet, pod_uid="a")
     old.wait_serving(cp, kubelet, TOPOLOGY_AWARE, DEVICES)
-    first = start_claim_pod(cp, namespace, node, "first", {"cpu": "4", "memory": "64Mi"})
+    first = start_claim_pod(cp, namespace, node, "first", {"cpu": "2", "memory": "64Mi"})
     kubelet.prepare(namespace, "first")
     first_uid = first["metadata"]["uid"]
 
@@ -478,7 +479,7 @@ def test_rolling_update_hands_over_without_unregistering(
     assert (old.dirs.plugin / "serialize.lock").exists()
 
     # While both run, the kubelet asks the newer one, which knows what the older one granted.
-    during = start_claim_pod(cp, namespace, node, "during", {"cpu": "4", "memory": "64Mi"})
+    during = start_claim_pod(cp, namespace, node, "during", {"cpu": "2", "memory": "64Mi"})
     during_uid = during["metadata"]["uid"]
     kubelet.prepare(namespace, "during")
     assert new.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
@@ -504,14 +505,14 @@ def test_rolling_update_hands_over_without_unregistering(
     wait_claim_status(cp, namespace, during["metadata"]["name"], TOPOLOGY_AWARE, present=True)
 
     # The new one serves the next pod, and releases what the old one prepared.
-    second = start_claim_pod(cp, namespace, node, "second", {"cpu": "4", "memory": "64Mi"})
+    second = start_claim_pod(cp, namespace, node, "second", {"cpu": "2", "memory": "64Mi"})
     second_uid = second["metadata"]["uid"]
     assert kubelet.prepare(namespace, "second") == {
         "demo": [f"{TOPOLOGY_AWARE}/device=claim-{second_uid}-0"]
     }
     assert new.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 2
     held = [prepared_cpus(new, uid) for uid in (first_uid, during_uid, second_uid)]
-    assert sum(map(len, held)) == len(frozenset().union(*held)) == 12
+    assert sum(map(len, held)) == len(frozenset().union(*held)) == 6
     kubelet.unprepare(namespace, "first")
     assert not new.dirs.spec_path(TOPOLOGY_AWARE, first_uid).exists()
     assert new.metric("nodedra_claims_held") == 2

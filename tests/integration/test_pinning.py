@@ -24,7 +24,14 @@ from nodedra.dra import claim_of_cdi_device
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import KubeletFactory, NodedraFactory
-from tests.peers.cluster import get_claim, get_pod, pod_claim_name, poll, wait_pod_scheduled
+from tests.peers.cluster import (
+    get_claim,
+    get_pod,
+    pod_claim_name,
+    pod_on,
+    poll,
+    wait_pod_scheduled,
+)
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletError, KubeletHarness
 from tests.peers.nodedra_node import (
@@ -341,25 +348,21 @@ def template(name: str, requests: dict[str, dict[str, str]], numa: int | None = 
 
 def pod_of(name: str, node: str, containers: dict[str, str | None]) -> Any:
     """A pod whose containers use the claim of template ``name`` (container -> request)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": name}],
-            "containers": [
-                {
-                    "name": container,
-                    "image": "busybox",
-                    "resources": {
-                        "claims": [{"name": "cpus", **({"request": request} if request else {})}]
-                    },
-                }
-                for container, request in containers.items()
-            ],
-        },
-    }
+    return pod_on(
+        node,
+        name,
+        [
+            {
+                "name": container,
+                "image": "busybox",
+                "resources": {
+                    "claims": [{"name": "cpus", **({"request": request} if request else {})}]
+                },
+            }
+            for container, request in containers.items()
+        ],
+        [{"name": "cpus", "resourceClaimTemplateName": name}],
+    )
 
 
 def start_pod(node: Node, name: str, tpl: Any, containers: dict[str, str | None]) -> Any:

@@ -20,15 +20,19 @@ from nodedra.lib.quantity import parse_quantity
 from nodedra.policy import make_policy, parse_config
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.topology import parse_cpu_list, read_topology
-from tests.conftest import GoDriverFactory, KubeletFactory
+from tests.conftest import GoDriverFactory, KubeletFactory, admin_client
+from tests.peers.build import PeerBinaries
 from tests.peers.cluster import (
+    create_ready_node,
+    delete_node,
     get_claim,
     pod_claim_name,
+    pod_on,
     resource_slices,
     wait_for_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import APIError, ControlPlane
+from tests.peers.controlplane import DRA_FEATURE_GATES, APIError, ControlPlane
 from tests.peers.kubelet import KubeletHarness
 from tests.unit.dra.fakes import FakeOwner, FakePolicy, devices
 
@@ -246,6 +250,81 @@ def test_list_attributes_probe_on_a_real_server(admin_api: ApiClient, publisher:
     assert publisher.list_attributes_supported() is True  # the peers run DRAListTypeAttributes
 
 
+def test_node_allocatable_mappings_reach_a_real_server(
+    control_plane: ControlPlane, ready_node: str, publisher: Plugin
+) -> None:
+    """The peers run DRANodeAllocatableResources: the probe says so and the field is stored."""
+    driver = publisher.driver_name
+    mapping = {"cpu": {"mapping": {"deviceMultiplier": "1"}}}
+    publisher.publish([{**d, "nodeAllocatableResources": mapping} for d in devices(2)])
+    publisher.start()
+    assert publisher.wait_published(30) is not None
+    assert publisher.feature_gates() == {"DRANodeAllocatableResources": True}
+    stored = [
+        d for s in resource_slices(control_plane, ready_node, driver) for d in s["spec"]["devices"]
+    ]
+    assert [d.get("nodeAllocatableResources") for d in stored] == [mapping, mapping]
+
+
+@pytest.fixture(scope="module")
+def gate_off(
+    peer_binaries: PeerBinaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """A control plane of its own whose API server has DRANodeAllocatableResources off."""
+    cp = ControlPlane(
+        peer_binaries,
+        tmp_path_factory.mktemp("gate-off"),
+        feature_gates={**DRA_FEATURE_GATES, "DRANodeAllocatableResources": False},
+    )
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.mark.parametrize("why", ["api-server-gate-off", "kubelet-without-it"])
+def test_devices_are_published_without_mappings_the_server_would_not_keep(
+    request: pytest.FixtureRequest, why: str, peer_workdir: Path
+) -> None:
+    """An API server with the gate off drops the field; one with it on refuses it for a node
+    whose kubelet does not declare the feature. Either way the policy's devices are published
+    without it, stored as published, and not rewritten pass after pass."""
+    node = f"no-mappings-{uuid.uuid4().hex[:8]}"
+    if why == "api-server-gate-off":
+        cp: ControlPlane = request.getfixturevalue("gate_off")
+        create_ready_node(cp, node)
+    else:
+        cp = request.getfixturevalue("control_plane")
+        create_ready_node(cp, node, features=())
+    wanted = make_policy(read_topology(SHAPE), parse_config({"policy": "topology-aware"})).devices()
+    assert all("nodeAllocatableResources" in d for d in wanted)
+    with admin_client(cp) as client:
+        plugin = plain_plugin(client, node, peer_workdir, TA)
+        plugin.publish(wanted)
+        plugin.start()
+        try:
+            assert plugin.wait_published(30) is not None
+            versions = {
+                s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+                for s in resource_slices(cp, node, TA)
+            }
+            for _ in range(3):
+                plugin.resync()
+                report = plugin.wait_published(30)
+                assert report is not None
+                assert report.writes == 0
+        finally:
+            plugin.stop()
+    stored = resource_slices(cp, node, TA)
+    delete_node(cp, node)
+    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in stored} == versions
+    devices_stored = [d for s in stored for d in s["spec"]["devices"]]
+    assert [d["name"] for d in devices_stored] == [d["name"] for d in wanted]
+    assert not any("nodeAllocatableResources" in d for d in devices_stored)
+    assert plugin.feature_gates() == {"DRANodeAllocatableResources": False}
+
+
 def test_claim_get_errors_are_the_servers(admin_api: ApiClient) -> None:
     api = KubeClusterAPI(admin_api)
     with pytest.raises(KubeAPIError) as missing:
@@ -298,26 +377,15 @@ def create_pod(
             "spec": {"spec": {"devices": {"requests": requests}}},
         },
     )
+    container = {
+        "name": "app",
+        "image": "registry.invalid/none:0",
+        "resources": {"claims": [{"name": "cpus"}]},
+    }
     cp.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/pods",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "automountServiceAccountToken": False,
-                "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": name}],
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": "registry.invalid/none:0",
-                        "resources": {"claims": [{"name": "cpus"}]},
-                    }
-                ],
-            },
-        },
+        pod_on(node, name, [container], [{"name": "cpus", "resourceClaimTemplateName": name}]),
     )
     pod = wait_pod_scheduled(cp, namespace, name)
     assert pod["spec"]["nodeName"] == node

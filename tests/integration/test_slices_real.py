@@ -639,3 +639,5 @@ def test_every_machine_s_devices_pass_real_validation(
     }
     stored = api.create_slice(body, dry_run=True)  # raises if the server refuses any
     assert [d["name"] for d in stored["spec"]["devices"]] == [d["name"] for d in devices]
+    mappings = [d["nodeAllocatableResources"] for d in devices]  # each device has them
+    assert [d.get("nodeAllocatableResources") for d in stored["spec"]["devices"]] == mappings

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tests.peers.controlplane import ControlPlane
@@ -22,6 +22,10 @@ T = TypeVar("T")
 
 #: What the test node offers; enough for any number of tiny test pods.
 NODE_CAPACITY: Mapping[str, str] = {"cpu": "8", "memory": "16Gi", "pods": "110"}
+#: What the test node declares (status.declaredFeatures), as a v1.37 kubelet with the
+#: DRA gates of DRA_FEATURE_GATES does: the API server admits node-allocatable mappings
+#: only in slices of a node that declares their feature.
+NODE_FEATURES: Sequence[str] = ("DRANodeAllocatableResources",)
 
 
 class WaitTimeoutError(AssertionError):
@@ -54,7 +58,10 @@ def _now() -> str:
 
 
 def create_ready_node(
-    cp: ControlPlane, name: str, capacity: Mapping[str, str] = NODE_CAPACITY
+    cp: ControlPlane,
+    name: str,
+    capacity: Mapping[str, str] = NODE_CAPACITY,
+    features: Sequence[str] = NODE_FEATURES,
 ) -> dict[str, Any]:
     """Register Node `name` and make it schedulable, as a kubelet would.
 
@@ -83,6 +90,7 @@ def create_ready_node(
             "status": {
                 "capacity": dict(capacity),
                 "allocatable": dict(capacity),
+                "declaredFeatures": list(features),
                 "conditions": [
                     {
                         "type": "Ready",
@@ -159,6 +167,24 @@ def wait_for_slices(
     return poll(
         check, timeout, lambda: f"{devices} devices of {driver} on {node}; slices seen: {seen}"
     )
+
+
+def pod_on(
+    node: str,
+    name: str,
+    containers: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A pod only ``node`` fits (by its hostname label), with ``containers`` and the pod
+    claims ``claims`` (spec.resourceClaims), and no service account token."""
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "automountServiceAccountToken": False,
+        "containers": [dict(c) for c in containers],
+    }
+    if claims:
+        spec["resourceClaims"] = [dict(c) for c in claims]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def get_pod(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:

@@ -340,6 +340,11 @@ class Demo:
             )
         reserved = [r["name"] for r in claim["status"].get("reservedFor") or []]
         say(f"  reserved for pod(s): {', '.join(reserved)}")
+        for status in pod["status"].get("nodeAllocatableResourceClaimStatuses") or []:
+            counted = ", ".join(
+                f"{m['name']} {_quantity(m['quantity'])}" for m in status["mapping"]
+            )
+            say(f"  counted against the node's allocatable (pod status): {counted}")
         return claim
 
     def show_spec(self, uid: str) -> None:

@@ -39,6 +39,7 @@ from nodedra.topology import parse_cpu_list, read_topology
 from tests.peers.cluster import (
     get_claim,
     pod_claim_name,
+    pod_on,
     poll,
     pool_devices,
     resource_slices,
@@ -556,13 +557,14 @@ def write_config(path: Path, config: Mapping[str, Any] | str) -> Path:
 
 
 def claim_template(
-    name: str, device_class: str, capacity: Mapping[str, str] | None = None
+    name: str, device_class: str, capacity: Mapping[str, str] | None = None, count: int = 1
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate for one device of ``device_class``, consuming ``capacity``."""
+    """A ResourceClaimTemplate for ``count`` devices of ``device_class``, each consuming
+    ``capacity``."""
     exactly: dict[str, Any] = {
         "deviceClassName": device_class,
         "allocationMode": "ExactCount",
-        "count": 1,
+        "count": count,
     }
     if capacity:
         exactly["capacity"] = {"requests": dict(capacity)}
@@ -576,25 +578,17 @@ def claim_template(
 
 def claim_pod(name: str, node_name: str, template: str) -> dict[str, Any]:
     """A pod with one container that uses a claim from ``template``; only ``node_name`` fits."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node_name},
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 5,
-            "resourceClaims": [{"name": "cpus", "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": "demo",
-                    "image": "busybox",
-                    "command": ["sh", "-c", "env | grep ^DRA_; sleep 3600"],
-                    "resources": {"claims": [{"name": "cpus"}]},
-                }
-            ],
-        },
+    container = {
+        "name": "demo",
+        "image": "busybox",
+        "command": ["sh", "-c", "env | grep ^DRA_; sleep 3600"],
+        "resources": {"claims": [{"name": "cpus"}]},
     }
+    pod = pod_on(
+        node_name, name, [container], [{"name": "cpus", "resourceClaimTemplateName": template}]
+    )
+    pod["spec"]["terminationGracePeriodSeconds"] = 5
+    return pod
 
 
 def env_of_spec(spec: Mapping[str, Any]) -> dict[str, str]:

@@ -50,6 +50,7 @@ def workload_pod(
     container_claims: Sequence[str] | None = None,
     image: str = WORKLOAD_IMAGE,
     restart_policy: str = "Always",
+    resources: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """A hostNetwork pod running the probe (``cmd/workload``).
 
@@ -58,6 +59,7 @@ def workload_pod(
     the pod's ``spec.resourceClaims``; the container uses all of them unless
     ``container_claims`` names some. ``report_interval`` (a Go duration) makes the probe report
     again periodically; ``env_prefixes`` chooses the variables it reports (default DRA_).
+    ``resources``: the container's ``requests`` and ``limits``.
     """
     container_env = dict(env or {})
     if report_interval is not None:
@@ -71,8 +73,9 @@ def workload_pod(
         "env": [{"name": k, "value": v} for k, v in sorted(container_env.items())],
     }
     used = [c["name"] for c in claims] if container_claims is None else list(container_claims)
+    container["resources"] = {key: dict(value) for key, value in (resources or {}).items()}
     if used:
-        container["resources"] = {"claims": [{"name": c} for c in used]}
+        container["resources"]["claims"] = [{"name": c} for c in used]
     spec: dict[str, Any] = {
         "hostNetwork": True,
         # No ServiceAccount token volume: it needs the root CA ConfigMap, which only the

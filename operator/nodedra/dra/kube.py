@@ -59,8 +59,8 @@ class ClusterAPI(Protocol):
         """The ResourceClaim ``namespace/name``."""
         ...
 
-    def get_node_uid(self, name: str) -> str:
-        """The UID of the Node ``name``, for the slices' owner reference."""
+    def get_node(self, name: str) -> JSON:
+        """The Node ``name`` (its UID owns the slices; its status declares its features)."""
         ...
 
     def list_slices(self, node_name: str, driver: str) -> list[JSON]:
@@ -99,9 +99,8 @@ class KubeClusterAPI:
     def get_claim(self, namespace: str, name: str) -> JSON:
         return self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
 
-    def get_node_uid(self, name: str) -> str:
-        node = self._call("GET", f"/api/v1/nodes/{name}")
-        return str(node["metadata"]["uid"])
+    def get_node(self, name: str) -> JSON:
+        return self._call("GET", f"/api/v1/nodes/{name}")
 
     def list_slices(self, node_name: str, driver: str) -> list[JSON]:
         selector = f"spec.nodeName={node_name},spec.driver={driver}"

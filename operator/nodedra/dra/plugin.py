@@ -36,7 +36,7 @@ from .claims import (
 from .endpoint import SocketPaths, default_plugin_data_dir, instance_lock, socket_paths
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
-from .listattrs import probe_list_attributes
+from .probes import LIST_TYPE_ATTRIBUTES, GateProbe
 from .publisher import SlicePublisher
 from .results import PreparedDevice, PrepareResult
 from .service import PluginServers
@@ -222,7 +222,7 @@ class Plugin:
         self._servers: PluginServers | None = None
         self._publisher: SlicePublisher | None = None
         self._allowed = threading.Event()
-        self._list_attributes: bool | None = None
+        self._gates = GateProbe(self._api, self._options.node_name, self._driver)
 
     @property
     def driver_name(self) -> str:
@@ -262,6 +262,7 @@ class Plugin:
                 SliceApplier(self._api, self._options.node_name, self._driver),
                 self.handle_error,
                 resync_period=self._options.resync_period,
+                adapt=self._gates.as_kept,
             )
             publisher.publish(self._devices)
             servers.start()
@@ -323,17 +324,23 @@ class Plugin:
         """Whether the API server keeps device attributes whose value is a list.
 
         Probed once, by a server-side dry-run create of a slice with such an attribute.
-        False when the server has no resource.k8s.io/v1 (DRA is off).
+        False when the server has no resource.k8s.io/v1 (DRA is off), or cannot be asked
+        now (asked again next time).
         """
-        if self._list_attributes is None:
-            try:
-                self._list_attributes = probe_list_attributes(
-                    self._api, self._options.node_name, self._driver
-                )
-            except KubeAPIError as err:
-                log.warning("cannot tell whether list attributes are supported: %s", err)
-                return False
-        return self._list_attributes
+        try:
+            return self._gates.on(LIST_TYPE_ATTRIBUTES)
+        except KubeAPIError as err:
+            log.warning("cannot tell whether list attributes are supported: %s", err)
+            return False
+
+    def feature_gates(self) -> dict[str, bool]:
+        """The API server's feature gates probed so far, and whether each is on.
+
+        Devices are published without the fields of gates that are off, so that the server
+        stores what we publish: ``nodeAllocatableResources`` without
+        DRANodeAllocatableResources (said once, as a warning, when first published).
+        """
+        return self._gates.known()
 
     # Errors and health ---------------------------------------------------------------
 

@@ -35,8 +35,15 @@ class SlicePublisher:
         resync_period: float = 30.0,
         min_backoff: float = 0.5,
         max_backoff: float = 30.0,
+        adapt: Callable[[Sequence[Device]], Sequence[Device]] = lambda devices: devices,
     ) -> None:
+        """A publisher for ``applier``'s pool.
+
+        ``adapt`` turns the desired devices into what the server will keep, in each pass;
+        its errors fail the pass, which is retried like any other.
+        """
         self._applier = applier
+        self._adapt = adapt
         self._on_error = on_error
         self._resync_period = resync_period
         self._min_backoff = min_backoff
@@ -113,7 +120,7 @@ class SlicePublisher:
                     return
                 version, devices = self._version, self._devices
             try:
-                report = self._applier.apply(devices)
+                report = self._applier.apply(self._adapt(devices))
             except Exception as err:  # every failure of a pass is retried
                 self._on_error(RecoverableError(err), "publishing ResourceSlices failed")
                 with self._cond:

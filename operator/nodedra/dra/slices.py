@@ -162,7 +162,7 @@ class SliceApplier:
 
     def _new_slice(self, chunk: list[Device], generation: int, count: int) -> JSON:
         if self._node_uid is None:
-            self._node_uid = self._api.get_node_uid(self._node_name)
+            self._node_uid = str(self._api.get_node(self._node_name)["metadata"]["uid"])
         return {
             "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceSlice",

@@ -3,6 +3,7 @@
 ```yaml
 policy: topology-aware      # or: static
 reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
+nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
 options:                    # per policy, see the README
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
 ```
@@ -33,7 +34,7 @@ OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
         "static": MappingProxyType({}),
     }
 )
-_TOP_LEVEL = ("policy", "reservedCPUs", "options")
+_TOP_LEVEL = ("policy", "reservedCPUs", "nodeAllocatable", "options")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,8 @@ class PolicyConfig:
     policy: str = "topology-aware"
     reserved_cpus: frozenset[int] = frozenset()
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    node_allocatable: bool = True
+    """Whether devices say which node allocatable resources (cpu, memory) they stand for."""
 
     @property
     def reserved_memory(self) -> int:
@@ -75,7 +78,12 @@ def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
         reserved_cpus = parse_cpu_list(reserved)
     except ValueError as err:
         raise ConfigError(f"{source}: reservedCPUs: {err}") from None
-    return PolicyConfig(policy, reserved_cpus, _options(policy, data.get("options"), source))
+    node_allocatable = data.get("nodeAllocatable", True)
+    if not isinstance(node_allocatable, bool):
+        raise ConfigError(f"{source}: nodeAllocatable: must be true or false")
+    return PolicyConfig(
+        policy, reserved_cpus, _options(policy, data.get("options"), source), node_allocatable
+    )
 
 
 def _options(policy: str, raw: object, source: str) -> Mapping[str, Any]:

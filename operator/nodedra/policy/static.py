@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from nodedra.topology.cpulist import format_cpu_list
 
+from . import allocatable
 from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
 from .ledger import Grant, PolicyError
 
@@ -47,7 +48,12 @@ class StaticPolicy(ExclusiveCPUPolicy):
                 attributes["cluster"] = {"int": cpu.cluster}
             if cpu.core_type is not None:
                 attributes["coreType"] = {"string": cpu.core_type}
-            devices.append({"name": device_name(cpu_id), "attributes": attributes})
+            device: Device = {"name": device_name(cpu_id), "attributes": attributes}
+            if self._config.node_allocatable:  # each CPU device is one of the node's cpu
+                device[allocatable.FIELD] = allocatable.checked(
+                    {"cpu": allocatable.per_device()}, device
+                )
+            devices.append(device)
         return devices
 
     def _cpu(self, result: AllocationResult) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from nodedra.lib.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
+from . import allocatable
 from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
@@ -54,7 +55,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
     def _device(self, node: NUMANode) -> Device:
         cpus = sorted(node.cpus & self.grantable)
         first = self._topology.cpus[cpus[0]]
-        return {
+        device: Device = {
             "name": device_name(node.id),
             "attributes": {
                 NUMA_NODE_ATTRIBUTE: {"int": node.id},
@@ -69,6 +70,15 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
             },
             "allowMultipleAllocations": True,
         }
+        if self._config.node_allocatable:  # what a claim consumes is the node's cpu and memory
+            device[allocatable.FIELD] = allocatable.checked(
+                {
+                    "cpu": allocatable.from_capacity(CPU_CAPACITY),
+                    "memory": allocatable.from_capacity(MEMORY_CAPACITY),
+                },
+                device,
+            )
+        return device
 
     def _node(self, result: AllocationResult) -> NUMANode:
         for node in self._topology.nodes.values():

@@ -109,6 +109,10 @@ class FakeCluster:
         """ResourceClaim GETs served."""
         self.fail_next: list[KubeAPIError] = []
         self.keeps_list_attributes = False
+        self.keeps_node_allocatable = True
+        """False: as a server with DRANodeAllocatableResources off, drop the field."""
+        self.declared_features = ["DRANodeAllocatableResources"]
+        """What the node's kubelet declares; a server keeping the field refuses it without."""
         self.status_owners: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
         self._versions = itertools.count(1)
         self._names = itertools.count()
@@ -126,11 +130,14 @@ class FakeCluster:
         except KeyError:
             raise KubeAPIError(404, f'resourceclaims "{name}" not found') from None
 
-    def get_node_uid(self, name: str) -> str:
+    def get_node(self, name: str) -> dict[str, Any]:
         self._maybe_fail()
         if name not in self.nodes:
             raise KubeAPIError(404, f'nodes "{name}" not found')
-        return self.nodes[name]
+        return {
+            "metadata": {"name": name, "uid": self.nodes[name]},
+            "status": {"declaredFeatures": list(self.declared_features)},
+        }
 
     def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
         self._maybe_fail()
@@ -141,9 +148,24 @@ class FakeCluster:
                 if s["spec"]["nodeName"] == node_name and s["spec"]["driver"] == driver
             ]
 
+    def _as_stored(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(dict(body))
+        devices = stored["spec"].get("devices") or []
+        if not self.keeps_node_allocatable:
+            for device in devices:
+                device.pop("nodeAllocatableResources", None)
+        elif any("nodeAllocatableResources" in d for d in devices) and (
+            "DRANodeAllocatableResources" not in self.declared_features
+        ):
+            node = stored["spec"]["nodeName"]
+            raise KubeAPIError(
+                403, f'node "{node}" does not support DRANodeAllocatableResources feature'
+            )
+        return stored
+
     def create_slice(self, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         self._maybe_fail()
-        stored = copy.deepcopy(dict(body))
+        stored = self._as_stored(body)
         meta = stored["metadata"]
         meta["name"] = meta.pop("generateName") + f"{next(self._names):05d}"
         meta["uid"] = str(uuid.uuid4())
@@ -161,7 +183,7 @@ class FakeCluster:
 
     def update_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._maybe_fail()
-        stored = copy.deepcopy(dict(body))
+        stored = self._as_stored(body)
         name = stored["metadata"]["name"]
         with self.lock:
             current = self.slices.get(name)

@@ -60,6 +60,15 @@ class Rig:
         self.cluster.claims[(meta["namespace"], meta["name"])] = claim
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
 
+    def published(self, given: list[dict[str, Any]]) -> None:
+        """Start the plugin with ``given`` devices, wait until they are published, stop it."""
+        self.plugin.publish(given)
+        self.plugin.start()
+        try:
+            assert self.plugin.wait_published(10) is not None
+        finally:
+            self.plugin.stop()
+
     def specs(self) -> list[str]:
         return sorted(p.name for p in self.cdi_dir.glob("*.yaml")) if self.cdi_dir.exists() else []
 
@@ -245,6 +254,71 @@ def test_list_attributes_probe_is_retried_after_an_outage(rig: Rig) -> None:
     rig.cluster.fail_next = [KubeAPIError(0, "connection refused")]
     assert rig.plugin.list_attributes_supported() is False
     assert rig.plugin.list_attributes_supported() is True
+
+
+MAPPED = {"cpu": {"mapping": {"deviceMultiplier": "1"}}}
+
+
+def mapped(count: int) -> list[dict[str, Any]]:
+    return [{**d, "nodeAllocatableResources": MAPPED} for d in devices(count)]
+
+
+@pytest.mark.parametrize(
+    ("server", "node", "warning"),
+    [
+        (True, True, None),
+        (False, True, "the API server has feature gate DRANodeAllocatableResources off"),
+        (True, False, "does not declare feature DRANodeAllocatableResources"),
+    ],
+    ids=["on", "server-gate-off", "kubelet-without-it"],
+)
+def test_node_allocatable_mappings_are_published_where_they_are_kept(
+    rig: Rig, server: bool, node: bool, warning: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the server would drop the field, or refuses it because the node's kubelet does
+    not declare the feature, devices are published without it, that is said once, and the
+    slices are not rewritten on every resync."""
+    rig.cluster.keeps_node_allocatable = server
+    rig.cluster.declared_features = ["DRANodeAllocatableResources"] if node else []
+    rig.plugin.publish(mapped(2))
+    rig.plugin.start()
+    try:
+        assert rig.plugin.wait_published(10) is not None
+        writes = len(rig.cluster.writes)
+        for _ in range(3):
+            rig.plugin.resync()
+            assert rig.plugin.wait_published(10) is not None
+    finally:
+        rig.plugin.stop()
+    on = warning is None
+    assert rig.cluster.pool_devices() == (mapped(2) if on else devices(2))
+    assert len(rig.cluster.writes) == writes
+    assert rig.plugin.feature_gates() == {"DRANodeAllocatableResources": on}
+    warnings = [
+        r.getMessage() for r in caplog.records if "nodeAllocatableResources" in r.getMessage()
+    ]
+    assert len(warnings) == (0 if on else 1)
+    if warning is not None:
+        assert warning in warnings[0]
+
+
+def test_a_forbidden_probe_on_a_node_that_declares_the_feature_is_an_error(rig: Rig) -> None:
+    """403 for another reason (RBAC) is no answer: the pass fails and is retried."""
+    rig.cluster.fail_next = [KubeAPIError(403, "forbidden: User cannot create resourceslices")]
+    rig.published(mapped(1))
+    assert rig.cluster.pool_devices() == mapped(1)
+
+
+def test_devices_without_mappings_ask_nothing(rig: Rig) -> None:
+    rig.published(devices(2))
+    assert rig.plugin.feature_gates() == {}
+
+
+def test_a_probe_that_fails_fails_the_pass_and_is_retried(rig: Rig) -> None:
+    """Not a guess that would publish without the mappings until the next change."""
+    rig.cluster.fail_next = [KubeAPIError(503, "etcd leader changed")]
+    rig.published(mapped(1))
+    assert rig.cluster.pool_devices() == mapped(1)
 
 
 # --- the gate ---------------------------------------------------------------------------

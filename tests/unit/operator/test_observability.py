@@ -110,6 +110,11 @@ def test_usage_is_read_at_scrape_time() -> None:
     assert sample(metrics, "nodedra_cpus_allocated", {"numa_node": "0"}) == 4
     assert sample(metrics, "nodedra_claims_held") == 3
     assert sample(metrics, "nodedra_devices_published") == 4
+    assert (
+        sample(metrics, "nodedra_api_feature_gate", {"gate": "DRANodeAllocatableResources"}) is None
+    )
+    usage[0] = NodeUsage(4, 3, {}, {}, feature_gates={"DRANodeAllocatableResources": False})
+    assert sample(metrics, "nodedra_api_feature_gate", {"gate": "DRANodeAllocatableResources"}) == 0
 
 
 def test_metrics_and_readiness_endpoints() -> None:
