@@ -27,7 +27,6 @@ from tests.peers import cluster
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import create_ready_node, pool_devices
 from tests.peers.controlplane import (
-    DRA_FEATURE_GATES,
     LOOPBACK,
     ControlPlane,
     feature_gates_flag,
@@ -198,7 +197,7 @@ class BenchCluster:
             self.cp.node_kubeconfig(node),
             node,
             self.workdir / f"k-{node}",
-            feature_gates=feature_gates_flag(DRA_FEATURE_GATES),
+            feature_gates=feature_gates_flag(self.cp.feature_gates),
             verbosity=2,
         )
         harness.start()

@@ -47,14 +47,17 @@ from kubernetes.client import ApiClient, Configuration
 
 from tests.peers.build import (
     CONTAINERD_VERSIONS,
+    KUBERNETES_PEERS,
+    KUBERNETES_VERSIONS,
     NODE_PEERS,
     PeerBinaries,
     PeerBuildError,
     ensure_binaries,
+    kubernetes_peer,
     peer_names,
 )
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
-from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
+from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.go_driver import GoDriver
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.netns import NetworkNamespaceError, enter_private_network, in_private_network
@@ -69,6 +72,14 @@ from tests.peers.nodedra_node import (
     write_config,
 )
 from tests.peers.nri_runtime import NRIFactory
+from tests.peers.profile import (
+    ClusterProfile,
+    ProfileError,
+    chosen_gate_mode,
+    chosen_version,
+    gates_for,
+    read_enabled,
+)
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
@@ -100,11 +111,27 @@ def _terminal(config: pytest.Config) -> contextlib.AbstractContextManager[None]:
     return manager
 
 
+def _control_plane_peers(version: str) -> list[str]:
+    """Every peer but a real node's, with the Kubernetes ones of ``version`` only."""
+    other_releases = {
+        kubernetes_peer(name, v)
+        for v in KUBERNETES_VERSIONS
+        if v != version
+        for name in KUBERNETES_PEERS
+    }
+    return [n for n in peer_names() if n not in NODE_PEERS and n not in other_releases]
+
+
 def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
     """Build (or find) the control-plane peers, and with ``node`` a real node's too."""
     started = time.monotonic()
+    try:
+        version = chosen_version()
+    except ProfileError as err:
+        config.stash[_BUILD_ERROR] = str(err)
+        return
     wanted = [
-        (_BINARIES, _BUILD_ERROR, [n for n in peer_names() if n not in NODE_PEERS]),
+        (_BINARIES, _BUILD_ERROR, _control_plane_peers(version)),
         *([(_NODE_BINARIES, _NODE_BUILD_ERROR, list(NODE_PEERS))] if node else []),
     ]
     with _terminal(config):
@@ -158,7 +185,16 @@ def peer_binaries(pytestconfig: pytest.Config) -> PeerBinaries:
         pytest.fail(
             f"Kubernetes test peers unavailable: {pytestconfig.stash[_BUILD_ERROR]}", pytrace=False
         )
-    return pytestconfig.stash[_BINARIES]
+    return pytestconfig.stash[_BINARIES].for_kubernetes(chosen_version())
+
+
+@pytest.fixture(scope="session")
+def dra_gates(peer_binaries: PeerBinaries) -> dict[str, bool]:
+    """The DRA feature gates every component of this run gets (see tests.peers.profile)."""
+    try:
+        return gates_for(peer_binaries.kube_apiserver, chosen_gate_mode())
+    except ProfileError as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -180,9 +216,11 @@ def node_binaries(pytestconfig: pytest.Config, peer_binaries: PeerBinaries) -> P
 
 @pytest.fixture(scope="session")
 def control_plane(
-    peer_binaries: PeerBinaries, tmp_path_factory: pytest.TempPathFactory
+    peer_binaries: PeerBinaries,
+    dra_gates: dict[str, bool],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ControlPlane]:
-    cp = ControlPlane(peer_binaries, tmp_path_factory.mktemp("control-plane"))
+    cp = ControlPlane(peer_binaries, tmp_path_factory.mktemp("control-plane"), dra_gates)
     started = time.monotonic()
     cp.start()
     elapsed = time.monotonic() - started
@@ -191,6 +229,17 @@ def control_plane(
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_profile(control_plane: ControlPlane) -> ClusterProfile:
+    """This run's release and gates, and the features its API server has on."""
+    return ClusterProfile(
+        chosen_version(),
+        chosen_gate_mode(),
+        control_plane.feature_gates,
+        read_enabled(control_plane.get_text("/metrics")),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -285,7 +334,7 @@ class KubeletFactory:
             self._workdir / f"kubelet-{len(self.started)}",
             feature_gates=feature_gates
             if feature_gates is not None
-            else feature_gates_flag(DRA_FEATURE_GATES),
+            else feature_gates_flag(self._cp.feature_gates),
         )
         self.started.append(harness)
         harness.start()

@@ -20,6 +20,7 @@ from kubernetes.client import ApiClient, Configuration
 from nodedra.dra import ClaimRef, KubeAPIError, KubeClusterAPI, Options, Plugin
 from tests.peers.cluster import resource_slices
 from tests.peers.controlplane import LOOPBACK, ControlPlane, free_port
+from tests.peers.profile import ClusterProfile
 from tests.unit.dra.fakes import FakeOwner, FakePolicy
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -68,18 +69,16 @@ def create_claim(cp: ControlPlane, namespace: str, name: str, driver: str) -> di
     return claim
 
 
-def allocation(driver: str, node: str = "node-a") -> dict[str, Any]:
-    """What the scheduler writes for the claim of create_claim."""
+def allocation(driver: str, node: str = "node-a", *, consumed: bool = True) -> dict[str, Any]:
+    """What the scheduler writes for the claim of create_claim (``consumed=False``: as the
+    server keeps it without DRAConsumableCapacity)."""
+    first: dict[str, Any] = {"request": "cpus", "driver": driver, "pool": node, "device": "cpu0"}
+    if consumed:
+        first["consumedCapacity"] = {"cpu": "2"}
     return {
         "devices": {
             "results": [
-                {
-                    "request": "cpus",
-                    "driver": driver,
-                    "pool": node,
-                    "device": "cpu0",
-                    "consumedCapacity": {"cpu": "2"},
-                },
+                first,
                 {"request": "cpus", "driver": driver, "pool": node, "device": "cpu1"},
                 {"request": "gpu", "driver": OTHER_DRIVER, "pool": node, "device": "gpu0"},
             ],
@@ -132,7 +131,12 @@ def ref_of(claim: Mapping[str, Any]) -> ClaimRef:
 
 
 def test_get_claim_returns_every_field(
-    control_plane: ControlPlane, api: KubeClusterAPI, namespace: str, driver: str
+    control_plane: ControlPlane,
+    api: KubeClusterAPI,
+    namespace: str,
+    driver: str,
+    *,
+    cluster_profile: ClusterProfile,
 ) -> None:
     created = create_claim(control_plane, namespace, "full", driver)
     allocate(control_plane, created, allocation(driver))
@@ -146,7 +150,8 @@ def test_get_claim_returns_every_field(
         "allocationMode": "ExactCount",  # the server's defaults are there too
         "count": 1,
     }
-    assert got["status"] == {"allocation": allocation(driver)}
+    kept = cluster_profile.on("DRAConsumableCapacity")
+    assert got["status"] == {"allocation": allocation(driver, consumed=kept)}
 
 
 def test_get_missing_claim_is_the_servers_404(api: KubeClusterAPI, namespace: str) -> None:
@@ -269,7 +274,12 @@ def entries_of(claim: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_apply_claim_status_writes_only_our_entries(
-    control_plane: ControlPlane, api: KubeClusterAPI, namespace: str, driver: str
+    control_plane: ControlPlane,
+    api: KubeClusterAPI,
+    namespace: str,
+    driver: str,
+    *,
+    cluster_profile: ClusterProfile,
 ) -> None:
     claim = allocate(
         control_plane, create_claim(control_plane, namespace, "shared", driver), allocation(driver)
@@ -291,7 +301,8 @@ def test_apply_claim_status_writes_only_our_entries(
     written = api.apply_claim_status(ref_of(claim), [], driver)
     assert sorted(entries_of(written)) == ["gpu0"]
     assert entries_of(written)["gpu0"]["data"] == {"uuid": "GPU-1"}
-    assert written["status"]["allocation"] == allocation(driver), "the allocation is untouched"
+    kept = allocation(driver, consumed=cluster_profile.on("DRAConsumableCapacity"))
+    assert written["status"]["allocation"] == kept, "the allocation is untouched"
     stored = control_plane.request("GET", claims_path(namespace, "shared"))
     assert entries_of(stored) == entries_of(written)
 
@@ -320,13 +331,18 @@ def test_apply_claim_status_refuses_a_replaced_claim(
 
 
 def test_status_of_a_claim_written_by_a_python_client_is_refused_upstream(
-    control_plane: ControlPlane, api: KubeClusterAPI, namespace: str, driver: str
+    control_plane: ControlPlane,
+    cluster_profile: ClusterProfile,
+    api: KubeClusterAPI,
+    namespace: str,
+    driver: str,
 ) -> None:
-    """Kubernetes v1.37.2 re-encodes the allocation's opaque parameters on any status patch
-    and compares the bytes, so a claim whose parameters are not compact JSON with sorted
-    keys (as Python clients write them) cannot get a status.devices entry. nodedra logs
-    that and goes on (the claim is prepared all the same); this test notices when a
-    Kubernetes release changes it, so the README's note can go."""
+    """Kubernetes re-encodes the allocation's opaque parameters on any status patch and
+    compares the bytes (v1.34.4 and v1.37.2 both; they word the refusal differently), so a
+    claim whose parameters are not compact JSON with sorted keys (as Python clients write
+    them) cannot get a status.devices entry. nodedra logs that and goes on (the claim is
+    prepared all the same); this test notices when a Kubernetes release changes it, so the
+    README's note can go."""
     claim = allocate(
         control_plane,
         create_claim(control_plane, namespace, "pythonic", driver),
@@ -337,7 +353,10 @@ def test_status_of_a_claim_written_by_a_python_client_is_refused_upstream(
     with pytest.raises(KubeAPIError) as refused:
         api.apply_claim_status(ref_of(claim), [entry], driver)
     assert refused.value.status == 422
-    assert "field cannot be modified once set" in str(refused.value)
+    wording = (
+        "field cannot be modified once set" if cluster_profile.minor > 34 else "field is immutable"
+    )
+    assert wording in str(refused.value)
 
 
 # --- the plugin's claim fetches ---------------------------------------------------------

@@ -37,8 +37,10 @@ from tests.peers.nodedra_node import (
     claim_template,
     expected_devices,
 )
+from tests.peers.profile import ClusterProfile
 
 FIELD = "nodeAllocatableResources"
+GATE = "DRANodeAllocatableResources"
 NODE_CPUS = int(NODE_CAPACITY["cpu"])
 NODE_MEMORY = parse_quantity(NODE_CAPACITY["memory"])
 GI = 1 << 30
@@ -134,19 +136,56 @@ def claim_name(pod: Mapping[str, Any]) -> str:
     return name
 
 
+def published_devices(cp: ControlPlane, node: str, driver: str) -> list[dict[str, Any]]:
+    return [d for s in resource_slices(cp, node, driver) for d in s["spec"]["devices"]]
+
+
+def assert_promised_twice(
+    cp: ControlPlane, namespace: str, node: str, driver: str, **claim: Any
+) -> None:
+    """Without mappings: no device maps anything, the scheduler accounts nothing for a
+    claim, and a pod may request every CPU of the node beside it."""
+    assert not any(FIELD in d for d in published_devices(cp, node, driver))
+    create_claim_pod(cp, namespace, node, "claimer", driver, **claim)
+    claimer = wait_pod_scheduled(cp, namespace, "claimer")
+    assert claim_name(claimer)
+    assert accounted(claimer) == {}
+    left = NODE_CPUS * 1000 - requested_millicpus(cp, node)
+    create(cp, namespace, ordinary_pod("everything", node, {"cpu": f"{left}m"}))
+    wait_pod_scheduled(cp, namespace, "everything")
+
+
+def requested_millicpus(cp: ControlPlane, node: str) -> int:
+    """What the pods bound to ``node`` request of its CPUs (other tests' DaemonSets may have
+    put a pod there), in millicores."""
+    pods = cp.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")["items"]
+    return sum(
+        int(parse_quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0")) * 1000)
+        for pod in pods
+        if pod["status"].get("phase") not in ("Succeeded", "Failed")
+        for c in pod["spec"]["containers"]
+    )
+
+
 def test_claimed_cpus_and_memory_leave_the_rest_to_ordinary_pods(
     workload_controllers: ControlPlane,
     namespace: str,
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
 ) -> None:
     """8 CPUs and 16Gi allocatable, a claim of 3 CPUs and 4Gi: 5 CPUs and 12Gi are left, and
-    the scheduler refuses more with its own reason."""
+    the scheduler refuses more with its own reason. Where the API server lacks the gate,
+    the node's CPUs are promised twice, and nodedra says so in a metric."""
     cp, node = workload_controllers, kubelet.node_name
     nodedra = start_nodedra(nodedra_factory, cp, kubelet, {"policy": "topology-aware"})
-    devices = [d for s in resource_slices(cp, node, TOPOLOGY_AWARE) for d in s["spec"]["devices"]]
+    on = cluster_profile.on(GATE)
+    assert nodedra.metric("nodedra_api_feature_gate", {"gate": GATE}) == int(on)
+    if not on:
+        assert_promised_twice(cp, namespace, node, TOPOLOGY_AWARE, capacity={"cpu": "3"})
+        return
+    devices = published_devices(cp, node, TOPOLOGY_AWARE)
     assert all(set(d[FIELD]) == {"cpu", "memory"} for d in devices), devices
-    assert nodedra.metric("nodedra_api_feature_gate", {"gate": "DRANodeAllocatableResources"}) == 1
 
     create_claim_pod(
         cp, namespace, node, "claimer", TOPOLOGY_AWARE, capacity={"cpu": "3", "memory": "4Gi"}
@@ -180,9 +219,13 @@ def test_static_claims_count_one_cpu_per_device(
     namespace: str,
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
 ) -> None:
     cp, node = workload_controllers, kubelet.node_name
     start_nodedra(nodedra_factory, cp, kubelet, {"policy": "static"})
+    if not cluster_profile.on(GATE):
+        assert_promised_twice(cp, namespace, node, STATIC, count=2)
+        return
 
     create_claim_pod(cp, namespace, node, "claimer", STATIC, count=2)
     pod = wait_accounted(cp, namespace, "claimer")
@@ -205,15 +248,7 @@ def test_turned_off_the_node_s_cpus_are_promised_twice(
     start_nodedra(
         nodedra_factory, cp, kubelet, {"policy": "topology-aware", "nodeAllocatable": False}
     )
-    devices = [d for s in resource_slices(cp, node, TOPOLOGY_AWARE) for d in s["spec"]["devices"]]
-    assert not any(FIELD in d for d in devices)
-
-    create_claim_pod(cp, namespace, node, "claimer", TOPOLOGY_AWARE, capacity={"cpu": "3"})
-    claimer = wait_pod_scheduled(cp, namespace, "claimer")
-    assert claim_name(claimer)
-    assert accounted(claimer) == {}
-    create(cp, namespace, ordinary_pod("everything", node, {"cpu": str(NODE_CPUS)}))
-    wait_pod_scheduled(cp, namespace, "everything")
+    assert_promised_twice(cp, namespace, node, TOPOLOGY_AWARE, capacity={"cpu": "3"})
 
 
 def test_a_claim_with_mapped_devices_is_not_shared_by_two_pods(
@@ -221,9 +256,11 @@ def test_a_claim_with_mapped_devices_is_not_shared_by_two_pods(
     namespace: str,
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
 ) -> None:
     """The scheduler keeps a second pod off a claim whose devices map node resources (the
-    first pod's cgroups already hold them), saying which claim and why."""
+    first pod's cgroups already hold them), saying which claim and why. Without mappings
+    both pods get the claim."""
     cp, node = workload_controllers, kubelet.node_name
     start_nodedra(nodedra_factory, cp, kubelet, {"policy": "topology-aware"})
     cp.request(
@@ -242,6 +279,9 @@ def test_a_claim_with_mapped_devices_is_not_shared_by_two_pods(
         create(cp, namespace, pod)
         if name == "first":
             wait_pod_scheduled(cp, namespace, name)
+    if not cluster_profile.on(GATE):
+        assert wait_pod_scheduled(cp, namespace, "second")["spec"]["nodeName"] == node
+        return
     message = wait_unschedulable(cp, namespace, "second")
     assert "node allocatable resource claim shared has a mapped device" in message
     assert "cannot be shared across pods" in message

@@ -40,6 +40,7 @@ from tests.peers.pods import (
     wait_reports,
     workload_pod,
 )
+from tests.peers.profile import ClusterProfile
 
 POLICIES = ("topology-aware", "static")
 UNLIMITED_MEMORY = 1 << 62
@@ -249,24 +250,33 @@ def test_a_claim_that_does_not_fit_leaves_the_pod_pending(pinned: Pinned) -> Non
     assert Checkpoint(pinned.factory.dirs.checkpoint).load() == before, "nothing allocated"
 
 
-def test_the_claim_s_cpu_and_memory_are_in_the_pod_s_cgroup_limits(pinned: Pinned) -> None:
+def test_the_claim_s_cpu_and_memory_are_in_the_pod_s_cgroup_limits(
+    pinned: Pinned, cluster_profile: ClusterProfile
+) -> None:
     """The devices map the node's cpu (and memory): the scheduler accounts the claim in the
     pod's status, and the kubelet adds it to the pod's requests and to the limits the
-    container declares, as the cgroup files say; a container that declares none gets none."""
+    container declares, as the cgroup files say; a container that declares none gets none.
+    Without DRANodeAllocatableResources the cgroups hold what the containers declare."""
     capacity = claims_capacity(pinned.policy) or {}
-    claimed_memory = int(parse_quantity(capacity.get("memory", "0")))
+    mapped = cluster_profile.on("DRANodeAllocatableResources")
+    claimed_cpu = 1000 if mapped else 0  # millicores
+    claimed_memory = int(parse_quantity(capacity.get("memory", "0"))) if mapped else 0
     requests = {"cpu": "100m", "memory": "32Mi"}
     limits = {"cpu": "200m", "memory": "64Mi"}
 
     pod = pinned.run_claim_pod("requests-only", resources={"requests": requests})
-    (status,) = pod["status"]["nodeAllocatableResourceClaimStatuses"]
-    assert status["resourceClaimName"] == pinned.claim_of(pod)["metadata"]["name"]
-    assert {m["name"]: parse_quantity(m["quantity"]) for m in status["mapping"]} == (
-        {"cpu": 1, "memory": claimed_memory} if claimed_memory else {"cpu": 1}
-    )
+    statuses = pod["status"].get("nodeAllocatableResourceClaimStatuses") or []
+    if mapped:
+        (status,) = statuses
+        assert status["resourceClaimName"] == pinned.claim_of(pod)["metadata"]["name"]
+        assert {m["name"]: parse_quantity(m["quantity"]) for m in status["mapping"]} == (
+            {"cpu": 1, "memory": claimed_memory} if claimed_memory else {"cpu": 1}
+        )
+    else:
+        assert statuses == []
     container, pod_cgroup = pinned.cgroups("requests-only")
     # The pod's share of CPU time is its requests with the claim's CPU (MilliCPUToShares).
-    assert read_int(pod_cgroup["cpu"], "cpu.shares") == (100 + 1000) * 1024 // 1000
+    assert read_int(pod_cgroup["cpu"], "cpu.shares") == (100 + claimed_cpu) * 1024 // 1000
     for directory in (container, pod_cgroup):
         assert read_int(directory["cpu"], "cpu.cfs_quota_us") == -1, directory
         assert read_int(directory["memory"], "memory.limit_in_bytes") >= UNLIMITED_MEMORY
@@ -276,7 +286,7 @@ def test_the_claim_s_cpu_and_memory_are_in_the_pod_s_cgroup_limits(pinned: Pinne
     pinned.run_claim_pod("limited", resources={"requests": requests, "limits": limits})
     container, pod_cgroup = pinned.cgroups("limited")
     period = read_int(container["cpu"], "cpu.cfs_period_us")
-    cpu_limit = (200 + 1000) * period // 1000  # the kubelet's MilliCPUToQuota
+    cpu_limit = (200 + claimed_cpu) * period // 1000  # the kubelet's MilliCPUToQuota
     memory_limit = (64 << 20) + claimed_memory
     for directory in (container, pod_cgroup):
         assert read_int(directory["cpu"], "cpu.cfs_quota_us") == cpu_limit, directory

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from nodedra.lib.quantity import parse_quantity
 from nodedra.resmgr.checkpoint import Checkpoint
 from nodedra.topology import parse_cpu_list
 from tests.conftest import KubeletFactory, NodedraFactory
@@ -55,6 +56,7 @@ from tests.peers.nodedra_node import (
     start_claim_pod,
     wait_claim_status,
 )
+from tests.peers.profile import ClusterProfile
 
 DEVICES = 4
 #: CPUs of each NUMA node of the fixture machine.
@@ -322,13 +324,30 @@ def test_config_changes_apply_live_and_bad_ones_are_refused(
 # -- claims, end to end ---------------------------------------------------------------------------
 
 
+def expected_grant(
+    profile: ClusterProfile, result: dict[str, Any], device: dict[str, Any]
+) -> tuple[int, int]:
+    """CPUs and bytes a result of 2 CPUs and 128Mi gets: that, or without consumable
+    capacity (the request is dropped) the whole device, less the reserved CPU 0."""
+    if profile.on("DRAConsumableCapacity"):
+        consumed = {k: parse_quantity(v) for k, v in result["consumedCapacity"].items()}
+        assert consumed == {"cpu": 2, "memory": 128 << 20}
+        return 2, 128 << 20
+    assert "consumedCapacity" not in result
+    numa = int(result["device"].removeprefix("cpudevnuma"))
+    return len(NUMA_CPUS[numa] - {0}), int(parse_quantity(device["capacity"]["memory"]["value"]))
+
+
 def test_pod_claim_is_prepared_and_described_in_its_status(
     workload_controllers: ControlPlane,
+    cluster_profile: ClusterProfile,
     namespace: str,
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
 ) -> None:
-    """A pod's claim, scheduler to kubelet: the CPUs it gets, and the status that says so."""
+    """A pod's claim, scheduler to kubelet: the CPUs it gets, and the status that says so.
+    Without DRAConsumableCapacity the claim's capacity request is dropped, and it gets the
+    whole device: every CPU of the NUMA node but the reserved one, and all its memory."""
     cp = workload_controllers
     node = kubelet.node_name
     nodedra = nodedra_factory(kubelet)
@@ -338,9 +357,10 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
     uid = claim["metadata"]["uid"]
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"]) == (TOPOLOGY_AWARE, node)
-    assert result["device"] in devices_by_name(cp, node)
-    assert result["consumedCapacity"] == {"cpu": "2", "memory": str(128 << 20)}
     numa = int(result["device"].removeprefix("cpudevnuma"))
+    want_cpus, want_memory = expected_grant(
+        cluster_profile, result, devices_by_name(cp, node)[result["device"]]
+    )
 
     containers = kubelet.prepare(namespace, "consumer")
 
@@ -353,10 +373,10 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
     key = uid.replace("-", "_") + "_0"
     assert set(env) == {f"DRA_CPUSET_{key}", f"DRA_MEMSET_{key}", f"DRA_MEMORY_{key}"}
     cpus = parse_cpu_list(env[f"DRA_CPUSET_{key}"])
-    assert len(cpus) == 2
+    assert len(cpus) == want_cpus
     assert cpus <= NUMA_CPUS[numa] - {0}  # inside the device's NUMA node, not the reserved CPU
     assert env[f"DRA_MEMSET_{key}"] == str(numa)
-    assert env[f"DRA_MEMORY_{key}"] == str(128 << 20)
+    assert env[f"DRA_MEMORY_{key}"] == str(want_memory)
 
     # nodedra describes what the claim got in its status.
     (entry,) = wait_claim_status(
@@ -366,12 +386,12 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
     assert entry["data"] == {
         "cpus": env[f"DRA_CPUSET_{key}"],
         "mems": str(numa),
-        "memory": 128 << 20,
+        "memory": want_memory,
     }
     assert entry.get("shareID") == result.get("shareID")
     assert nodedra.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
     assert nodedra.metric("nodedra_claims_held") == 1
-    assert nodedra.metric("nodedra_cpus_allocated", {"numa_node": str(numa)}) == 2
+    assert nodedra.metric("nodedra_cpus_allocated", {"numa_node": str(numa)}) == want_cpus
     state = Checkpoint(nodedra.dirs.checkpoint).load()
     assert state is not None
     assert set(state.claims) == {uid}
@@ -457,6 +477,7 @@ def test_rolling_update_hands_over_without_unregistering(
     namespace: str,
     kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
 ) -> None:
     """maxSurge 1: the new pod serves beside the old one and takes over its claims (three
     claims of 2 CPUs: the node's 8 allocatable CPUs hold them all)."""
@@ -512,7 +533,9 @@ def test_rolling_update_hands_over_without_unregistering(
     }
     assert new.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 2
     held = [prepared_cpus(new, uid) for uid in (first_uid, during_uid, second_uid)]
-    assert sum(map(len, held)) == len(frozenset().union(*held)) == 6
+    assert sum(map(len, held)) == len(frozenset().union(*held)), "no CPU is held twice"
+    if cluster_profile.on("DRAConsumableCapacity"):  # else each claim has a whole device
+        assert [len(cpus) for cpus in held] == [2, 2, 2]
     kubelet.unprepare(namespace, "first")
     assert not new.dirs.spec_path(TOPOLOGY_AWARE, first_uid).exists()
     assert new.metric("nodedra_claims_held") == 2

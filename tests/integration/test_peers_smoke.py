@@ -44,7 +44,8 @@ from tests.peers.cluster import (
     wait_for_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import DRA_FEATURE_GATES, LOOPBACK, ControlPlane
+from tests.peers.controlplane import LOOPBACK, ControlPlane
+from tests.peers.profile import ClusterProfile
 
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
@@ -56,7 +57,7 @@ def _raw(response: Any) -> Any:
 
 
 def test_control_plane_serves_resource_v1_with_dra_gates(
-    control_plane: ControlPlane, admin_api: ApiClient
+    control_plane: ControlPlane, admin_api: ApiClient, cluster_profile: ClusterProfile
 ) -> None:
     resource = ResourceV1Api(admin_api)
     driver = f"smoke-{uuid.uuid4().hex[:8]}.nodedra.test"
@@ -96,14 +97,20 @@ def test_control_plane_serves_resource_v1_with_dra_gates(
     (device,) = listed["items"][0]["spec"]["devices"]
     assert device["name"] == "numa0"
     assert device["attributes"] == {"resource.kubernetes.io/numaNode": {"int": 0}}
-    assert device["allowMultipleAllocations"] is True
-    assert device["capacity"]["cpu"]["requestPolicy"]["default"] == "1"
+    if cluster_profile.on("DRAConsumableCapacity"):
+        assert device["allowMultipleAllocations"] is True
+        assert device["capacity"]["cpu"]["requestPolicy"]["default"] == "1"
+    else:  # dropped
+        assert "allowMultipleAllocations" not in device
+        assert device["capacity"]["cpu"] == {"value": "4"}
 
     # The gates we set are what the API server runs with.
     text = control_plane.get_text("/metrics")
-    for gate in DRA_FEATURE_GATES:
+    for gate, on in control_plane.feature_gates.items():
         assert re.search(
-            rf'^kubernetes_feature_enabled{{name="{gate}",stage="[A-Z]*"}} 1$', text, re.MULTILINE
+            rf'^kubernetes_feature_enabled{{name="{gate}",stage="[A-Z]*"}} {int(on)}$',
+            text,
+            re.MULTILINE,
         ), gate
 
 

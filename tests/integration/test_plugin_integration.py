@@ -32,8 +32,9 @@ from tests.peers.cluster import (
     wait_for_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import DRA_FEATURE_GATES, APIError, ControlPlane
+from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.profile import ClusterProfile
 from tests.unit.dra.fakes import FakeOwner, FakePolicy, devices
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -142,15 +143,20 @@ def test_registers_with_v1_and_again_after_a_restart(
 def test_policy_devices_pass_real_validation_unchanged(
     control_plane: ControlPlane,
     ready_node: str,
+    *,
+    cluster_profile: ClusterProfile,
     kubelet_factory: KubeletFactory,
     nodedra: NodedraFactory,
     policy: str,
 ) -> None:
+    """What the policy publishes, less what this cluster's gates leave out, is stored as is."""
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet, policy)
-    expected = node.manager.policy.devices()
+    expected = cluster_profile.as_published(node.manager.policy.devices())
     stored = wait_for_slices(control_plane, ready_node, node.driver, len(expected))
     assert stored == expected, "the API server kept every field as nodedra wrote it"
+    mapped = cluster_profile.on("DRANodeAllocatableResources")
+    assert all(("nodeAllocatableResources" in d) is mapped for d in stored)
 
 
 def plain_plugin(api: ApiClient, node: str, workdir: Path, driver: str) -> Plugin:
@@ -178,7 +184,11 @@ def publisher(admin_api: ApiClient, ready_node: str, peer_workdir: Path) -> Iter
 
 
 def test_slices_split_at_the_real_limits(
-    control_plane: ControlPlane, admin_api: ApiClient, ready_node: str, publisher: Plugin
+    control_plane: ControlPlane,
+    cluster_profile: ClusterProfile,
+    admin_api: ApiClient,
+    ready_node: str,
+    publisher: Plugin,
 ) -> None:
     driver = publisher.driver_name
     publisher.publish(devices(300))
@@ -214,7 +224,10 @@ def test_slices_split_at_the_real_limits(
         api.create_slice(oversized, dry_run=True)
     assert refused.value.status == 422
     oversized["spec"]["devices"] = tainted[:65]
-    with pytest.raises(KubeAPIError):
+    if cluster_profile.minor > 34:
+        with pytest.raises(KubeAPIError):
+            api.create_slice(oversized, dry_run=True)
+    else:  # 1.34 has one limit, whatever the devices have; 64 is within it
         api.create_slice(oversized, dry_run=True)
 
 
@@ -246,35 +259,47 @@ def test_generation_and_restoration(
     ) == sorted(d["name"] for d in devices(129))
 
 
-def test_list_attributes_probe_on_a_real_server(admin_api: ApiClient, publisher: Plugin) -> None:
-    assert publisher.list_attributes_supported() is True  # the peers run DRAListTypeAttributes
+def test_list_attributes_probe_on_a_real_server(
+    cluster_profile: ClusterProfile, publisher: Plugin
+) -> None:
+    supported = publisher.list_attributes_supported()
+    assert supported is cluster_profile.on("DRAListTypeAttributes")
 
 
 def test_node_allocatable_mappings_reach_a_real_server(
-    control_plane: ControlPlane, ready_node: str, publisher: Plugin
+    control_plane: ControlPlane, cluster_profile: ClusterProfile, ready_node: str, publisher: Plugin
 ) -> None:
-    """The peers run DRANodeAllocatableResources: the probe says so and the field is stored."""
+    """With DRANodeAllocatableResources the probe says so and the field is stored; without,
+    the devices are published without it."""
     driver = publisher.driver_name
     mapping = {"cpu": {"mapping": {"deviceMultiplier": "1"}}}
     publisher.publish([{**d, "nodeAllocatableResources": mapping} for d in devices(2)])
     publisher.start()
     assert publisher.wait_published(30) is not None
-    assert publisher.feature_gates() == {"DRANodeAllocatableResources": True}
+    on = cluster_profile.on("DRANodeAllocatableResources")
+    assert publisher.feature_gates() == {"DRANodeAllocatableResources": on}
     stored = [
         d for s in resource_slices(control_plane, ready_node, driver) for d in s["spec"]["devices"]
     ]
-    assert [d.get("nodeAllocatableResources") for d in stored] == [mapping, mapping]
+    assert [d.get("nodeAllocatableResources") for d in stored] == [mapping if on else None] * 2
 
 
 @pytest.fixture(scope="module")
 def gate_off(
-    peer_binaries: PeerBinaries, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane,
+    cluster_profile: ClusterProfile,
+    peer_binaries: PeerBinaries,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ControlPlane]:
-    """A control plane of its own whose API server has DRANodeAllocatableResources off."""
+    """A control plane whose API server has DRANodeAllocatableResources off: the run's own
+    where it is (a release without it, or the gates off), else one of its own."""
+    if not cluster_profile.on("DRANodeAllocatableResources"):
+        yield control_plane
+        return
     cp = ControlPlane(
         peer_binaries,
         tmp_path_factory.mktemp("gate-off"),
-        feature_gates={**DRA_FEATURE_GATES, "DRANodeAllocatableResources": False},
+        {**control_plane.feature_gates, "DRANodeAllocatableResources": False},
     )
     cp.start()
     try:
@@ -322,7 +347,7 @@ def test_devices_are_published_without_mappings_the_server_would_not_keep(
     devices_stored = [d for s in stored for d in s["spec"]["devices"]]
     assert [d["name"] for d in devices_stored] == [d["name"] for d in wanted]
     assert not any("nodeAllocatableResources" in d for d in devices_stored)
-    assert plugin.feature_gates() == {"DRANodeAllocatableResources": False}
+    assert plugin.feature_gates()["DRANodeAllocatableResources"] is False
 
 
 def test_claim_get_errors_are_the_servers(admin_api: ApiClient) -> None:
@@ -400,7 +425,11 @@ def test_pod_claim_end_to_end(
     ready_node: str,
     kubelet_factory: KubeletFactory,
     nodedra: NodedraFactory,
+    *,
+    cluster_profile: ClusterProfile,
 ) -> None:
+    """A claim of 3 CPUs and 256Mi; without DRAConsumableCapacity the request is dropped and
+    the claim gets its whole device."""
     cp = workload_controllers
     kubelet = started_kubelet(kubelet_factory, ready_node)
     node = nodedra(kubelet)
@@ -415,8 +444,16 @@ def test_pod_claim_end_to_end(
     uid = claim["metadata"]["uid"]
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"]) == (TA, ready_node)
-    consumed = {k: parse_quantity(v) for k, v in result["consumedCapacity"].items()}
-    assert consumed == {"cpu": 3, "memory": 256 << 20}
+    node_id = int(result["device"].removeprefix("cpudevnuma"))
+    if cluster_profile.on("DRAConsumableCapacity"):
+        consumed = {k: parse_quantity(v) for k, v in result["consumedCapacity"].items()}
+        assert consumed == {"cpu": 3, "memory": 256 << 20}
+        want_cpus, want_memory = 3, 256 << 20
+    else:
+        assert "consumedCapacity" not in result
+        (device,) = [d for d in node.manager.policy.devices() if d["name"] == result["device"]]
+        want_cpus = len(read_topology(SHAPE).nodes[node_id].cpus)
+        want_memory = int(parse_quantity(device["capacity"]["memory"]["value"]))
 
     containers = kubelet.prepare(namespace, "consumer")
     assert containers == {"app": [f"{TA}/device=claim-{uid}-0"]}
@@ -428,10 +465,9 @@ def test_pod_claim_end_to_end(
     env = dict(e.split("=", 1) for e in cdi_device["containerEdits"]["env"])
     suffix = f"{uid.replace('-', '_')}_0"
     cpus = parse_cpu_list(env[f"DRA_CPUSET_{suffix}"])
-    node_id = int(result["device"].removeprefix("cpudevnuma"))
-    assert len(cpus) == 3
+    assert len(cpus) == want_cpus
     assert cpus <= read_topology(SHAPE).nodes[node_id].cpus
-    assert env[f"DRA_MEMORY_{suffix}"] == str(256 << 20)
+    assert env[f"DRA_MEMORY_{suffix}"] == str(want_memory)
     assert env[f"DRA_MEMSET_{suffix}"] == str(node_id)
     free_while_held = node.manager.policy.free_cpus()  # type: ignore[attr-defined]
 

@@ -19,23 +19,36 @@ import pytest
 from kubernetes.client import ApiClient
 
 from nodedra.dra import KubeAPIError, KubeClusterAPI, RecoverableError
+from nodedra.dra.probes import CONSUMABLE_CAPACITY
 from nodedra.dra.publisher import SlicePublisher
 from nodedra.dra.slices import SliceApplier
 from nodedra.policy import make_policy, parse_config
 from nodedra.topology import format_cpu_list, read_topology
 from tests.peers.cluster import create_ready_node, delete_node, resource_slices
 from tests.peers.controlplane import ControlPlane
+from tests.peers.profile import ClusterProfile
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
+#: Whether the API server keeps what DRAConsumableCapacity adds (set for the module from the
+#: run's profile): devices use it only then, as nodedra publishes them.
+CONSUMABLE = {"capacity": True}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _consumable(cluster_profile: ClusterProfile) -> None:
+    CONSUMABLE["capacity"] = cluster_profile.on("DRAConsumableCapacity")
+
+
 def rich_devices(count: int, prefix: str = "cpudevnuma") -> list[dict[str, Any]]:
-    """Devices like the topology-aware policy's, with attributes of every scalar type.
+    """Devices like the topology-aware policy's, with attributes of every scalar type
+    (and, where the server keeps them, request policies and multiple allocations).
 
     Every fourth device offers 64000 MiB: the server stores that quantity as "67108864k",
     not as the "67108864000" we write.
     """
-    return [
+    devices = [
         {
             "name": f"{prefix}{i:04d}",
             "attributes": {
@@ -61,6 +74,9 @@ def rich_devices(count: int, prefix: str = "cpudevnuma") -> list[dict[str, Any]]
         }
         for i in range(count)
     ]
+    if CONSUMABLE["capacity"]:
+        return devices
+    return [dict(CONSUMABLE_CAPACITY.without(d)) for d in devices]
 
 
 def as_stored(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -223,8 +239,9 @@ def test_no_devices_publish_one_empty_slice(
     ready_node: str, driver: str, applier: SliceApplier, pool: Pool
 ) -> None:
     assert counts(applier.apply([])) == (1, 0, 0, 1)
-    # The server leaves the empty device list out of what it stores.
-    assert pool.specs() == [
+    # The server leaves the empty device list out of what it stores (1.34 stores a null).
+    specs = [{k: v for k, v in spec.items() if v is not None} for spec in pool.specs()]
+    assert specs == [
         {
             "driver": driver,
             "nodeName": ready_node,
@@ -234,16 +251,17 @@ def test_no_devices_publish_one_empty_slice(
 
 
 @pytest.mark.parametrize(
-    "devices",
-    [rich_devices(300), spelled_out_devices(3), [], tainted_devices(3)],
+    "make_devices",
+    [lambda: rich_devices(300), lambda: spelled_out_devices(3), list, lambda: tainted_devices(3)],
     ids=["topology-aware", "quantity-forms", "no-devices", "taints"],
 )
 def test_unchanged_devices_write_nothing(
     applier: SliceApplier,
     restarted: Callable[[], SliceApplier],
     pool: Pool,
-    devices: list[dict[str, Any]],
+    make_devices: Callable[[], list[dict[str, Any]]],
 ) -> None:
+    devices = make_devices()  # made in the test: they depend on the run's profile
     applier.apply(devices)
     versions = pool.versions()
     if devices:
@@ -613,7 +631,13 @@ SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 @pytest.mark.parametrize("shape", sorted(p.name for p in SYSFS.iterdir() if p.is_dir()))
 @pytest.mark.parametrize("left", ["all", "one CPU, no memory"])
 def test_every_machine_s_devices_pass_real_validation(
-    api: KubeClusterAPI, ready_node: str, policy: str, shape: str, left: str
+    api: KubeClusterAPI,
+    ready_node: str,
+    *,
+    cluster_profile: ClusterProfile,
+    policy: str,
+    shape: str,
+    left: str,
 ) -> None:
     """What each policy publishes for each fixture machine is a valid slice, also when the
     configuration leaves one CPU and no memory to claim (where a request policy's step
@@ -639,5 +663,7 @@ def test_every_machine_s_devices_pass_real_validation(
     }
     stored = api.create_slice(body, dry_run=True)  # raises if the server refuses any
     assert [d["name"] for d in stored["spec"]["devices"]] == [d["name"] for d in devices]
-    mappings = [d["nodeAllocatableResources"] for d in devices]  # each device has them
-    assert [d.get("nodeAllocatableResources") for d in stored["spec"]["devices"]] == mappings
+    # Each device maps node resources; a server without the gate drops the mappings.
+    mappings = [d["nodeAllocatableResources"] for d in devices]
+    kept = mappings if cluster_profile.on("DRANodeAllocatableResources") else [None] * len(devices)
+    assert [d.get("nodeAllocatableResources") for d in stored["spec"]["devices"]] == kept

@@ -139,18 +139,52 @@ def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def _kubernetes_group() -> PeerGroup:
-    version = kubernetes_version()
+#: The Kubernetes releases the control plane and the kubelet harness are built at, newest
+#: first: the newest is what ``go.mod`` pins (the whole suite runs there, and the real node's
+#: kubelet and the Go driver are built only there); each other one builds the same sources
+#: with ``go.k8s-<version>.mod`` (written by ``python -m tests.peers.kubernetes_mod``) and
+#: the build tag ``k8s_1_<minor>`` for what the harness calls differently there.
+KUBERNETES_VERSIONS: tuple[str, ...] = (kubernetes_version(), "v1.34.4")
+
+#: The control plane's peers, built at every release of KUBERNETES_VERSIONS.
+KUBERNETES_PEERS: Mapping[str, str] = {
+    "etcd": "./cmd/etcd",
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kubelet-harness": "./cmd/kubelet-harness",
+}
+
+
+def kubernetes_modfile(version: str) -> str:
+    """The module file (in tests/peers) that builds the Kubernetes peers at ``version``."""
+    return f"go.k8s-{version}.mod"
+
+
+def kubernetes_peer(name: str, version: str) -> str:
+    """The peer name of one Kubernetes binary at ``version``: plain for the newest release,
+    suffixed for the others (``kube-apiserver-v1.34.4``)."""
+    return name if version == KUBERNETES_VERSIONS[0] else f"{name}-{version}"
+
+
+def _kubernetes_group(version: str) -> PeerGroup:
+    packages = {kubernetes_peer(name, version): pkg for name, pkg in KUBERNETES_PEERS.items()}
+    if version != KUBERNETES_VERSIONS[0]:
+        minor = version.split(".")[1]
+        return PeerGroup(
+            name=f"kubernetes-{version}",
+            module=PEERS_DIR,
+            packages=packages,
+            modfile=kubernetes_modfile(version),
+            tags=(f"k8s_1_{minor}",),
+            ldflags=_kubernetes_ldflags(version),
+        )
     return PeerGroup(
         name=f"kubernetes-{version}",
         module=PEERS_DIR,
         packages={
-            "etcd": "./cmd/etcd",
-            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
-            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            **packages,
             "kubelet": "k8s.io/kubernetes/cmd/kubelet",
-            "kubelet-harness": "./cmd/kubelet-harness",
             "go-driver": "./cmd/go-driver",
         },
         ldflags=_kubernetes_ldflags(version),
@@ -273,7 +307,7 @@ def _workloads_group() -> PeerGroup:
 def peer_groups() -> tuple[PeerGroup, ...]:
     """Every group of peers the tests and benchmarks use."""
     return (
-        _kubernetes_group(),
+        *(_kubernetes_group(v) for v in KUBERNETES_VERSIONS),
         *(_nri_group(v) for v in NRI_VERSIONS),
         *(_containerd_group(v) for v in CONTAINERD_VERSIONS),
         _runc_group(),
@@ -386,6 +420,12 @@ class PeerBinaries:
     @property
     def workload(self) -> Path:
         return self.paths["workload"]
+
+    def for_kubernetes(self, version: str) -> PeerBinaries:
+        """These binaries with the Kubernetes peers of ``version`` under their plain names
+        (``kube-apiserver`` is then ``kube-apiserver-<version>``)."""
+        rebound = {name: self.paths[kubernetes_peer(name, version)] for name in KUBERNETES_PEERS}
+        return PeerBinaries({**self.paths, **rebound})
 
     def containerd(self, version: str, command: str = "containerd") -> Path:
         """A containerd binary (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) of

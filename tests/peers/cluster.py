@@ -22,9 +22,9 @@ T = TypeVar("T")
 
 #: What the test node offers; enough for any number of tiny test pods.
 NODE_CAPACITY: Mapping[str, str] = {"cpu": "8", "memory": "16Gi", "pods": "110"}
-#: What the test node declares (status.declaredFeatures), as a v1.37 kubelet with the
-#: DRA gates of DRA_FEATURE_GATES does: the API server admits node-allocatable mappings
-#: only in slices of a node that declares their feature.
+#: What the test node declares (status.declaredFeatures), as a v1.37 kubelet with the DRA
+#: gates nodedra uses does (tests.peers.profile): the API server admits node-allocatable
+#: mappings only in slices of a node that declares their feature.
 NODE_FEATURES: Sequence[str] = ("DRANodeAllocatableResources",)
 
 

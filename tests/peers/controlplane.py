@@ -7,7 +7,7 @@ and run as the official binaries built by `tests.peers.build`.
 
 The API server is configured as a DRA cluster would be: Node and RBAC
 authorization, the resource.k8s.io API versions enabled, and the DRA feature
-gates that nodedra uses set explicitly (see DRA_FEATURE_GATES for why each).
+gates of the run set explicitly (tests.peers.profile says which).
 Talking to it needs nothing but the standard library (`request`), so this
 module does not depend on a Kubernetes client package.
 """
@@ -30,30 +30,7 @@ from typing import Any
 from tests.peers.build import PeerBinaries
 from tests.peers.pki import CertificateAuthority, CertPair, service_account_key_pair
 from tests.peers.process import PeerProcess, PeerProcessError
-
-#: DRA feature gates of Kubernetes v1.37.2 that nodedra relies on and that
-#: may still be set. Gates that are GA and locked to their default in v1.37
-#: (DRAAdminAccess, DRAPrioritizedList, DRAResourceClaimDeviceStatus,
-#: DRAExtendedResource, DynamicResourceAllocation) are not listed: the
-#: components refuse to start when a locked gate is set.
-DRA_FEATURE_GATES: Mapping[str, bool] = {
-    # Beta, on by default: consumable capacity (cpu count, memory bytes)
-    # and multiple allocations per device, used by the topology-aware policy.
-    "DRAConsumableCapacity": True,
-    # Alpha: list-typed device attributes (e.g. a device's CPU list).
-    "DRAListTypeAttributes": True,
-    # Alpha: node allocatable resources (cpu, memory) backed by DRA devices.
-    "DRANodeAllocatableResources": True,
-    # Beta, on by default: shared counters / partitionable devices.
-    "DRAPartitionableDevices": True,
-    # GA in 1.37 but not yet locked: device taints and tolerations.
-    "DRADeviceTaints": True,
-}
-
-#: API versions of resource.k8s.io served in addition to the defaults. v1 is
-#: what nodedra and the kubelet use; the beta versions are served for
-#: clients that still speak them.
-RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+from tests.peers.profile import gates_for, runtime_config
 
 #: Controllers the controller-manager runs: all defaults (which include the
 #: resourceclaim controller when DRA is on) except the node lifecycle
@@ -135,15 +112,18 @@ class ControlPlane:
         self,
         binaries: PeerBinaries,
         workdir: Path | None = None,
-        feature_gates: Mapping[str, bool] = DRA_FEATURE_GATES,
+        feature_gates: Mapping[str, bool] | None = None,
         verbosity: int = 2,
     ) -> None:
+        """``feature_gates``: every component's (default: the gates nodedra uses on)."""
         self.binaries = binaries
         self.workdir = (
             workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-cp-"))
         )
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.feature_gates = dict(feature_gates)
+        self.feature_gates = dict(
+            gates_for(binaries.kube_apiserver, "alpha") if feature_gates is None else feature_gates
+        )
         self.verbosity = verbosity
         self.processes: dict[str, PeerProcess] = {}
         self.pki_dir = self.workdir / "pki"
@@ -325,7 +305,7 @@ class ControlPlane:
             "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
-            f"--runtime-config={RUNTIME_CONFIG}",
+            f"--runtime-config={runtime_config(self.binaries.kube_apiserver, self.feature_gates)}",
             f"--feature-gates={feature_gates_flag(self.feature_gates)}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--allow-privileged=true",

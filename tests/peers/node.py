@@ -41,7 +41,7 @@ from typing import Any
 from tests.peers.build import CONTAINERD_VERSIONS, PeerBinaries
 from tests.peers.cgroups import node_cgroup_root, remove_stale_cgroup_roots
 from tests.peers.cluster import poll
-from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane
+from tests.peers.controlplane import ControlPlane
 from tests.peers.mountns import PRIVATE_DIRS, MountNamespace
 from tests.peers.netns import NODE_ADDRESS
 from tests.peers.oci import ImageSpec, write_image_archive
@@ -119,7 +119,7 @@ class RealNode:
         nri_socket: Path | None = None,
         nri_registration_timeout: str = "5s",
         nri_request_timeout: str = "2s",
-        feature_gates: Mapping[str, bool] = DRA_FEATURE_GATES,
+        feature_gates: Mapping[str, bool] | None = None,
         kubelet_config: Mapping[str, Any] | None = None,
         kubelet_verbosity: int = 2,
         containerd_log_level: str = "info",
@@ -140,7 +140,7 @@ class RealNode:
         self.nri_socket = (nri_socket or self.workdir / "nri" / "nri.sock").resolve()
         self.nri_registration_timeout = nri_registration_timeout
         self.nri_request_timeout = nri_request_timeout
-        self.feature_gates = dict(feature_gates)
+        self.feature_gates = dict(cp.feature_gates if feature_gates is None else feature_gates)
         self.kubelet_config_overrides = dict(kubelet_config or {})
         self.kubelet_verbosity = kubelet_verbosity
         self.containerd_log_level = containerd_log_level

@@ -37,6 +37,7 @@ from nodedra.policy import load_config
 from nodedra.settings import FLAGS
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.peers.cluster import (
+    ensure_test_namespace,
     get_claim,
     pod_claim_name,
     pod_on,
@@ -132,15 +133,27 @@ class ResourcePaths:
 def apply_objects(
     cp: ControlPlane, objects: Sequence[Mapping[str, Any]], field_manager: str = FIELD_MANAGER
 ) -> list[dict[str, Any]]:
-    """Server-side apply each object as cluster admin (as `kubectl apply --server-side`)."""
+    """Server-side apply each object as cluster admin (as `kubectl apply --server-side`).
+
+    A new Namespace gets its ``default`` ServiceAccount at once: the controller-manager
+    creates it a moment later, and a pod applied in between would be refused (as it can be
+    with kubectl).
+    """
     paths = ResourcePaths(cp)
     query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
-    return [
-        cp.request(
-            "PATCH", f"{paths.of(obj)}?{query}", obj, content_type="application/apply-patch+yaml"
+    applied = []
+    for obj in objects:
+        applied.append(
+            cp.request(
+                "PATCH",
+                f"{paths.of(obj)}?{query}",
+                obj,
+                content_type="application/apply-patch+yaml",
+            )
         )
-        for obj in objects
-    ]
+        if obj["kind"] == "Namespace":
+            ensure_test_namespace(cp, obj["metadata"]["name"])
+    return applied
 
 
 def install_nodedra(cp: ControlPlane) -> list[dict[str, Any]]:

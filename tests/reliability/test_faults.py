@@ -38,7 +38,7 @@ from tests.peers.cluster import (
     pool_devices,
     resource_slices,
 )
-from tests.peers.controlplane import DRA_FEATURE_GATES, ControlPlane, feature_gates_flag
+from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.kubelet import KubeletHarness
 from tests.reliability.helpers import (
     POLICIES,
@@ -177,7 +177,7 @@ def test_kubelet_restart(  # noqa: PLR0917 (fixtures)
             cp.node_kubeconfig(ready_node),
             ready_node,
             kubelet_dir,  # the same registry directory each time
-            feature_gates=feature_gates_flag(DRA_FEATURE_GATES),
+            feature_gates=feature_gates_flag(cp.feature_gates),
         )
         harness.state_dir = kubelet_dir / state
         return harness

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from nodedra.lib.quantity import parse_quantity
 
 from .kube import RESOURCE_API_VERSION, ClusterAPI, KubeAPIError
 from .slices import Device
@@ -37,8 +39,10 @@ class Gate:
     """A device that uses the gated field."""
     kept: Callable[[Device], bool]
     """Whether the stored probe device still has the field."""
-    field: str = ""
-    """The device field the gate adds: left out of published devices while it is off."""
+    uses: Callable[[Device], bool] = lambda device: False
+    """Whether a device uses what the gate adds (then it is published only while it is on)."""
+    without: Callable[[Device], Device] = lambda device: device
+    """A device without what the gate adds."""
     node_feature: str = ""
     """The feature the node must declare for the server to admit the field, if any."""
     missing: str = ""
@@ -66,13 +70,69 @@ NODE_ALLOCATABLE_RESOURCES = Gate(
         },
     },
     lambda device: bool((device.get(NODE_ALLOCATABLE_FIELD) or {}).get("cpu")),
-    field=NODE_ALLOCATABLE_FIELD,
+    uses=lambda device: NODE_ALLOCATABLE_FIELD in device,
+    without=lambda device: {k: v for k, v in device.items() if k != NODE_ALLOCATABLE_FIELD},
     node_feature="DRANodeAllocatableResources",
     missing="devices are published without nodeAllocatableResources, so the scheduler counts "
     "the node's CPUs and memory twice, as devices and in the node's allocatable (turn the "
     "gate on in the API server, the scheduler and the kubelet, then restart nodedra)",
 )
-PUBLISHED_FIELD_GATES = (NODE_ALLOCATABLE_RESOURCES,)
+
+
+def _uses_consumable_capacity(device: Device) -> bool:
+    return "allowMultipleAllocations" in device or any(
+        "requestPolicy" in capacity for capacity in (device.get("capacity") or {}).values()
+    )
+
+
+def _without_consumable_capacity(device: Device) -> Device:
+    """The device as a whole: no multiple allocations and no request policies.
+
+    Mappings of consumed capacity become what the whole device stands for: a claim then
+    gets all of it, and its allocation carries no consumed capacity for the scheduler to map.
+    """
+    capacities = device.get("capacity") or {}
+    bare = {k: v for k, v in device.items() if k != "allowMultipleAllocations"}
+    if capacities:
+        bare["capacity"] = {
+            name: {k: v for k, v in capacity.items() if k != "requestPolicy"}
+            for name, capacity in capacities.items()
+        }
+    if NODE_ALLOCATABLE_FIELD in device:
+        bare[NODE_ALLOCATABLE_FIELD] = {
+            resource: _whole_device(entry, capacities)
+            for resource, entry in device[NODE_ALLOCATABLE_FIELD].items()
+        }
+    return bare
+
+
+def _whole_device(entry: Mapping[str, Any], capacities: Mapping[str, Any]) -> Mapping[str, Any]:
+    mapping = entry.get("mapping") or {}
+    key = mapping.get("capacityKey")
+    if key is None:
+        return entry
+    amount = parse_quantity(capacities[key]["value"]) * parse_quantity(
+        mapping.get("capacityMultiplier", "1")
+    )
+    whole = str(amount.numerator) if amount.denominator == 1 else f"{float(amount):g}"
+    return {**entry, "mapping": {"deviceMultiplier": whole}}
+
+
+CONSUMABLE_CAPACITY = Gate(
+    "DRAConsumableCapacity",
+    {
+        "name": "probe",
+        "capacity": {"cpu": {"value": "2", "requestPolicy": {"default": "1"}}},
+        "allowMultipleAllocations": True,
+    },
+    lambda device: device.get("allowMultipleAllocations") is True,
+    uses=_uses_consumable_capacity,
+    without=_without_consumable_capacity,
+    missing="devices are published without allowMultipleAllocations and request policies, so "
+    "a claim gets a whole device (a whole NUMA node with the topology-aware policy; turn the "
+    "gate on in the API server, the scheduler and the kubelet, then restart nodedra)",
+)
+PUBLISHED_FIELD_GATES = (CONSUMABLE_CAPACITY, NODE_ALLOCATABLE_RESOURCES)
 """The gates whose fields devices are published with only while the gate is on."""
 
 
@@ -108,8 +168,8 @@ class GateProbe:
     def as_kept(self, devices: Sequence[Device]) -> Sequence[Device]:
         """``devices`` without the fields of gates that are off (KubeAPIError as :meth:`on`)."""
         for gate in PUBLISHED_FIELD_GATES:
-            if any(gate.field in d for d in devices) and not self.on(gate):
-                devices = [{k: v for k, v in d.items() if k != gate.field} for d in devices]
+            if any(gate.uses(d) for d in devices) and not self.on(gate):
+                devices = [gate.without(d) for d in devices]
         return devices
 
     def _why_off(self, gate: Gate) -> str | None:

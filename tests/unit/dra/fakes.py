@@ -111,6 +111,8 @@ class FakeCluster:
         self.keeps_list_attributes = False
         self.keeps_node_allocatable = True
         """False: as a server with DRANodeAllocatableResources off, drop the field."""
+        self.keeps_consumable_capacity = True
+        """False: as a server with DRAConsumableCapacity off, drop what it adds."""
         self.declared_features = ["DRANodeAllocatableResources"]
         """What the node's kubelet declares; a server keeping the field refuses it without."""
         self.status_owners: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
@@ -154,6 +156,11 @@ class FakeCluster:
         if not self.keeps_node_allocatable:
             for device in devices:
                 device.pop("nodeAllocatableResources", None)
+        if not self.keeps_consumable_capacity:
+            for device in devices:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
         elif any("nodeAllocatableResources" in d for d in devices) and (
             "DRANodeAllocatableResources" not in self.declared_features
         ):

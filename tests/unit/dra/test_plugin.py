@@ -309,6 +309,42 @@ def test_a_forbidden_probe_on_a_node_that_declares_the_feature_is_an_error(rig: 
     assert rig.cluster.pool_devices() == mapped(1)
 
 
+def test_without_consumable_capacity_devices_are_published_whole(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No multiple allocations or request policies, and a mapping of consumed capacity
+    becomes what the whole device is: a claim then gets all of it."""
+    rig.cluster.keeps_consumable_capacity = False
+    shared = {
+        "name": "numa0",
+        "capacity": {
+            "cpu": {"value": "14", "requestPolicy": {"default": "1"}},
+            "memory": {"value": "1Gi", "requestPolicy": {"default": "0"}},
+        },
+        "allowMultipleAllocations": True,
+        "nodeAllocatableResources": {
+            "cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}},
+            "memory": {"mapping": {"capacityKey": "memory", "capacityMultiplier": "1"}},
+        },
+    }
+    rig.published([shared])
+    assert rig.cluster.pool_devices() == [
+        {
+            "name": "numa0",
+            "capacity": {"cpu": {"value": "14"}, "memory": {"value": "1Gi"}},
+            "nodeAllocatableResources": {
+                "cpu": {"mapping": {"deviceMultiplier": "14"}},
+                "memory": {"mapping": {"deviceMultiplier": str(1 << 30)}},
+            },
+        }
+    ]
+    assert rig.plugin.feature_gates() == {
+        "DRAConsumableCapacity": False,
+        "DRANodeAllocatableResources": True,
+    }
+    assert "a claim gets a whole device" in caplog.text
+
+
 def test_devices_without_mappings_ask_nothing(rig: Rig) -> None:
     rig.published(devices(2))
     assert rig.plugin.feature_gates() == {}

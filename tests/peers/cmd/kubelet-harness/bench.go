@@ -55,7 +55,7 @@ func (h *harness) benchPrepare(ctx context.Context, req request) (map[string]any
 	}
 	groups := make([][]*drapbv1.Claim, parallel)
 	for i, c := range req.Claims {
-		groups[i%parallel] = append(groups[i%parallel], &drapbv1.Claim{Namespace: c.Namespace, Name: c.Name, Uid: c.UID})
+		groups[i%parallel] = append(groups[i%parallel], newClaim(c.Namespace, c.Name, c.UID))
 	}
 	for _, group := range groups {
 		if _, _, err := benchRounds(ctx, plugin, group, req.Warmup); err != nil {
@@ -122,7 +122,7 @@ func checkPrepared(resp *drapbv1.NodePrepareResourcesResponse, err error, claims
 		return err
 	}
 	for _, claim := range claims {
-		answer := resp.GetClaims()[claim.Uid]
+		answer := resp.GetClaims()[claimUID(claim)]
 		switch {
 		case answer == nil:
 			return fmt.Errorf("no answer for claim %s/%s", claim.Namespace, claim.Name)
@@ -140,7 +140,7 @@ func checkUnprepared(resp *drapbv1.NodeUnprepareResourcesResponse, err error, cl
 		return err
 	}
 	for _, claim := range claims {
-		answer := resp.GetClaims()[claim.Uid]
+		answer := resp.GetClaims()[claimUID(claim)]
 		switch {
 		case answer == nil:
 			return fmt.Errorf("no answer for claim %s/%s", claim.Namespace, claim.Name)

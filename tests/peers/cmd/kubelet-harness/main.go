@@ -29,7 +29,6 @@ import (
 	"syscall"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -187,10 +186,7 @@ func startKubelet(ctx context.Context, cfg config, client kubernetes.Interface, 
 		return nil, fmt.Errorf("create DRA manager: %w", err)
 	}
 	h.manager = manager
-	getNode := func(ctx context.Context) (*v1.Node, error) {
-		return client.CoreV1().Nodes().Get(ctx, cfg.nodeName, metav1.GetOptions{})
-	}
-	if err := manager.Start(ctx, h.activePods, getNode, sourcesReady{}); err != nil {
+	if err := manager.Start(ctx, h.activePods, nodeGetter(client, cfg.nodeName), sourcesReady{}); err != nil {
 		return nil, fmt.Errorf("start DRA manager: %w", err)
 	}
 
@@ -199,7 +195,7 @@ func startKubelet(ctx context.Context, cfg config, client kubernetes.Interface, 
 	h.pluginsDone = make(chan struct{})
 	go func() {
 		defer close(h.pluginsDone)
-		plugins.Run(ctx, sourcesReady{}, h.stopCh)
+		runPlugins(ctx, plugins, h.stopCh)
 	}()
 	return h, nil
 }
@@ -234,7 +230,7 @@ func (h *harness) activePods() []*v1.Pod {
 func (h *harness) stop() {
 	close(h.stopCh)
 	<-h.pluginsDone
-	h.manager.Stop()
+	stopManager(h.manager)
 }
 
 // sourcesReady tells the kubelet components that all pod sources have been

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
@@ -247,24 +246,21 @@ type observingHandler struct {
 	obs   *observer
 }
 
-func (h *observingHandler) ValidatePlugin(ctx context.Context, name, endpoint string, versions []string) error {
-	err := h.inner.ValidatePlugin(ctx, name, endpoint, versions)
+// validated records the outcome of ValidatePlugin (whose signature differs between
+// Kubernetes releases: see the kubelet_*.go files).
+func (h *observingHandler) validated(name string, err error) error {
 	if err != nil {
 		h.obs.refused(name, err)
 	}
 	return err
 }
 
-func (h *observingHandler) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
-	if err := h.inner.RegisterPlugin(ctx, name, endpoint, versions, timeout); err != nil {
+// registeredWith records the outcome of RegisterPlugin.
+func (h *observingHandler) registeredWith(name, endpoint string, versions []string, err error) error {
+	if err != nil {
 		h.obs.refused(name, err)
 		return err
 	}
 	h.obs.registered(name, endpoint, versions)
 	return nil
-}
-
-func (h *observingHandler) DeRegisterPlugin(ctx context.Context, name, endpoint string) {
-	h.inner.DeRegisterPlugin(ctx, name, endpoint)
-	h.obs.unregistered(name, endpoint)
 }
