@@ -53,6 +53,15 @@ class Plan:
     idle_seconds: float = 20.0
     operator_iterations: Mapping[int, int] = field(default_factory=lambda: {1: 150, 64: 12})
     watch_claims: int = 1000
+    scale_nodes: int = 20
+    """``--scale``: nodedra instances, each with a node of its own."""
+    scale_claims: int = 20000
+    scale_baseline_claims: int = 2000
+    """Claims created before any instance runs: the API server's cost without watchers."""
+    scale_prepares: int = 300
+    churn_rate: float = 100.0
+    """Claims deleted and created again per second, while prepares are timed."""
+    churn_seconds: float = 60.0
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
@@ -67,4 +76,10 @@ class Plan:
             settle_seconds=4.0,
             idle_seconds=6.0,
             operator_iterations={1: 30, 64: 3},
+            scale_nodes=4,
+            scale_claims=1200,
+            scale_baseline_claims=300,
+            scale_prepares=50,
+            churn_rate=30.0,
+            churn_seconds=10.0,
         )

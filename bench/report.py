@@ -51,6 +51,8 @@ def markdown(results: dict[str, Any]) -> str:
     if "operator" in results:
         lines += _process(results)
         lines += _watch(results["operator"]["claim_watch"])
+    if "scale" in results:
+        lines += _scale(results["scale"])
     return "\n".join(lines) + "\n"
 
 
@@ -291,5 +293,65 @@ def _watch(watch: dict[str, Any]) -> list[str]:
         "### What the ResourceClaim watch costs, per 1000 claims not on this node",
         "",
         *_table(["", "watch on", "NODEDRA_WATCH_CLAIMS=false", "cost of the watch"], rows),
+        "",
+    ]
+
+
+def _scale(scale: dict[str, Any]) -> list[str]:
+    node, api, prepare = scale["instance"], scale["apiserver"], scale["prepare_ms"]
+
+    def spread(values: dict[str, float]) -> str:
+        return f"{_cell(values['median'])} ({_cell(values['min'])} to {_cell(values['max'])})"
+
+    def p50_p99(case: dict[str, float]) -> str:
+        return f"{_cell(case['p50'])} / {_cell(case['p99'])}"
+
+    restart = node["restart"]
+    rows = [
+        ["idle RSS (MiB)", spread(node["idle_rss_mib"])],
+        ["CPU s per 1000 watch events", spread(node["cpu_seconds_per_1000_events"])],
+        [
+            "RSS kept per 10,000 claims in the cluster (MiB)",
+            spread(node["rss_mib_per_10000_claims"]),
+        ],
+        [
+            f"CPU during the churn ({scale['churn']['rate_per_second']} claims/s), % of a core",
+            spread(node["churn_cpu_percent"]),
+        ],
+        [
+            f"a restart with {scale['claims']} claims: CPU s since start, RSS MiB",
+            f"{restart['cpu_seconds_since_start']}, {restart['rss_mib']} (first start: "
+            f"{restart['first_start_cpu_seconds']}, {restart['first_start_rss_mib']})",
+        ],
+        ["first node's prepare p50 / p99, no churn (ms)", p50_p99(prepare["quiet"])],
+        ["first node's prepare p50 / p99 during the churn (ms)", p50_p99(prepare["churn"])],
+    ]
+    rss = (
+        f"{api['rss_mib_before_watchers']}, {api['rss_mib_idle_with_watchers']}, "
+        f"{api['rss_mib_after_claims']}"
+    )
+    api_rows = [
+        [
+            "CPU s per watcher per 1000 claims created",
+            api["cpu_seconds_per_watcher_per_1000_claims"],
+        ],
+        [
+            f"CPU s creating {api['baseline_claims']} claims, no watchers",
+            api["baseline_cpu_seconds"],
+        ],
+        [
+            f"CPU s creating {scale['claims']} claims, {scale['nodes']} watchers",
+            api["create_cpu_seconds"],
+        ],
+        ["RSS before the watchers, with them, after the claims (MiB)", rss],
+        ["CPU during the churn, % of a core", api["churn_cpu_percent"]],
+    ]
+    return [
+        f"### Scale: {scale['nodes']} nodes' nodedra, {scale['claims']} claims "
+        f"({scale['watch_events']} watch events, created in {scale['create_seconds']} s)",
+        "",
+        *_table(["per nodedra instance", "median (min to max)"], rows),
+        "",
+        *_table(["API server", ""], api_rows),
         "",
     ]

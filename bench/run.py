@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import operator_run, prepare, slices
+from bench import operator_run, prepare, scale, slices
 from bench.env import BenchCluster, write_sysfs
 from bench.machine import describe, load_average
 from bench.plan import Plan
@@ -42,6 +42,8 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
         operator_run.run,
     ),
 }
+SCALE = ("bench 5: many nodes' nodedra on one control plane", scale.run)
+"""Run alone with ``--scale`` (it takes 10 to 15 minutes); its results go to scale.*."""
 
 
 def say(message: str) -> None:
@@ -65,8 +67,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="keep the work directory (logs) after success"
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="run only the scale benchmark (results in scale.json and scale.md)",
+    )
     args = parser.parse_args(argv)
-    args.only = [b for b in args.only.split(",") if b]
+    args.only = [] if args.scale else [b for b in args.only.split(",") if b]
     unknown = sorted(set(args.only) - set(BENCHMARKS))
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; choose from {', '.join(BENCHMARKS)}")
@@ -101,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         noise: dict[str, Any] = {}
         with BenchCluster(binaries, workdir) as env:
             say(f"bench: control plane up at {env.cp.url}")
-            for name in args.only:
-                title, benchmark = BENCHMARKS[name]
+            for name in ["scale"] if args.scale else args.only:
+                title, benchmark = SCALE if args.scale else BENCHMARKS[name]
                 say(title)
                 before = Noise()
                 results[name] = benchmark(env, sysfs, plan, say)
@@ -118,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_seconds"] = round(time.monotonic() - started, 1)
     results["load_average_at_end"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "latest.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    (args.out / "latest.md").write_text(markdown(results))
+    stem = "scale" if args.scale else "latest"
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(results))
     say(f"bench: done in {results['wall_seconds'] / 60:.1f} min; results in {args.out}")
     sys.stdout.write(markdown(results))
     return 0

@@ -9,6 +9,7 @@ that ``kubectl get resourceclaim -o yaml`` shows which CPUs and memory it got.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -48,32 +49,66 @@ def status_entries(
 
 
 class ClaimIndex:
-    """The claims allocated to our driver on our node, by UID; fed by the watch."""
+    """The claims allocated to our driver on our node, by UID; fed by the claim watch."""
 
     def __init__(self, driver: str, pool: str) -> None:
         self._driver = driver
         self._pool = pool
+        self._marks = (_quoted(driver), _quoted(pool))
         self._claims: dict[str, ClaimRef] = {}
+        self._uid_marks: tuple[bytes, ...] = ()
+        self._synced = False
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, claim: Mapping[str, Any]) -> ClaimRef | None:
-        """Take a watch event; the claim's ref if it is allocated to us (and not deleted)."""
-        try:
-            ref = claim_ref(claim)
-        except ClaimError:  # no UID: nothing to index
-            return None
-        try:
-            ours = event_type != "DELETED" and any(
-                r.pool == self._pool for r in claim_results(claim, self._driver)
-            )
-        except ClaimError:  # not allocated, or malformed: not ours to prepare
-            ours = False
+        """Take a watch event; the claim's ref if it is allocated to us (and not deleted).
+
+        Whether the claim has a result of ours is decided on the raw mapping first: the
+        claims of other nodes and drivers, nearly all of them, are never parsed further.
+        """
+        ref: ClaimRef | None = None
+        if event_type != "DELETED" and self._allocated_here(claim):
+            try:
+                results = claim_results(claim, self._driver)
+                if any(r.pool == self._pool for r in results):
+                    ref = claim_ref(claim)
+            except ClaimError:  # malformed: not ours to prepare
+                pass
+        uid = _get(_get(claim, "metadata"), "uid")
         with self._lock:
-            if ours:
+            if ref is not None:
                 self._claims[ref.uid] = ref
+                self._uid_marks = tuple(_quoted(u) for u in self._claims)
                 return ref
-            self._claims.pop(ref.uid, None)
+            if isinstance(uid, str) and self._claims.pop(uid, None) is not None:
+                self._uid_marks = tuple(_quoted(u) for u in self._claims)
         return None
+
+    def listed(self, uids: set[str]) -> None:
+        """A complete list of the cluster's claims has been observed: ``uids`` are ours.
+
+        Claims indexed before it and not in it were deleted while nobody watched.
+        """
+        with self._lock:
+            self._claims = {u: r for u, r in self._claims.items() if u in uids}
+            self._uid_marks = tuple(_quoted(u) for u in self._claims)
+            self._synced = True
+
+    @property
+    def synced(self) -> bool:
+        """Whether a complete list has been seen: before it, a missing claim means nothing."""
+        return self._synced
+
+    def mentioned_in(self, event: bytes) -> bool:
+        """Whether a raw watch event may concern us, so that it is worth parsing.
+
+        It does if it names our driver and our pool (allocated to us, perhaps), or the UID
+        of a claim we index (deallocated or deleted, perhaps); false hits only cost a parse.
+        """
+        driver, pool = self._marks
+        if driver in event and pool in event:
+            return True
+        return any(mark in event for mark in self._uid_marks)
 
     def uids(self) -> frozenset[str]:
         """The UIDs of the claims indexed now."""
@@ -83,6 +118,22 @@ class ClaimIndex:
     def __len__(self) -> int:
         with self._lock:
             return len(self._claims)
+
+    def _allocated_here(self, claim: Mapping[str, Any]) -> bool:
+        allocation = _get(_get(claim, "status"), "allocation")
+        results = _get(_get(allocation, "devices"), "results")
+        return isinstance(results, list) and any(
+            _get(r, "driver") == self._driver and _get(r, "pool") == self._pool for r in results
+        )
+
+
+def _get(value: object, key: str) -> object:
+    """``value[key]`` if ``value`` is a mapping, else None: for objects of any shape."""
+    return value.get(key) if isinstance(value, Mapping) else None
+
+
+def _quoted(text: str) -> bytes:
+    return json.dumps(text).encode()
 
 
 class StatusWriter:
@@ -195,6 +246,8 @@ class OrphanTracker:
 
     def check(self) -> frozenset[str]:
         """The orphans now; each is logged once when it becomes one."""
+        if not self._index.synced:  # the watch has not listed yet: nothing is known missing
+            return frozenset()
         now = self._clock()
         missing = self._held() - self._index.uids()
         self._missing_since = {u: self._missing_since.get(u, now) for u in missing}

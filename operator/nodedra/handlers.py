@@ -4,10 +4,10 @@ Run with ``nodedra run`` or ``kopf run --standalone --all-namespaces -m nodedra.
 either way the settings come from ``nodedra.settings`` (flags or environment variables).
 
 Only event handlers watch objects: kopf then never writes to them, so no finalizer and no
-kopf annotation ends up on a ResourceClaim or ResourceSlice. The ResourceSlice watch is
-narrowed on the server to our node and driver. The ResourceClaim watch sees every claim of
-the cluster (claims cannot be selected by node on the server); it can be turned off with
-``NODEDRA_WATCH_CLAIMS=false``, see the README for what it costs.
+kopf annotation ends up on a ResourceSlice. The ResourceSlice watch is narrowed on the
+server to our node and driver. ResourceClaims are watched by ``nodedra.claimfeed``, started
+with the runtime: that watch sees every claim of the cluster, and kopf would keep state for
+each of them before a handler could drop it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import kopf
 
 from nodedra.dra.kube import RESOURCE_GROUP, RESOURCE_VERSION
 from nodedra.runtime import Runtime
-from nodedra.settings import Settings, SettingsError, load_settings
+from nodedra.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -133,25 +133,3 @@ def slice_event(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
         runtime.on_slice_event()
-
-
-def _watch_claims() -> bool:
-    try:
-        return load_settings(environ={**os.environ, "NODE_NAME": "-"}).watch_claims
-    except SettingsError:
-        return True
-
-
-if _watch_claims():
-
-    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
-    def claim_event(
-        type: str | None,  # kopf's name for the event type
-        body: kopf.Body,
-        memo: kopf.Memo,
-        **_: Any,
-    ) -> None:
-        """Index claims allocated to us and keep our part of their status current."""
-        runtime: Runtime | None = memo.get("runtime")
-        if runtime is not None:
-            runtime.on_claim_event(type, body)

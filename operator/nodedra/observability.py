@@ -57,6 +57,45 @@ class NodeUsage:
     """API server feature gate -> on, for the gates probed so far."""
 
 
+@dataclass(frozen=True)
+class ClaimWatchCounts:
+    """What the ResourceClaim watch has done so far."""
+
+    lists: int
+    watches: int
+    """WATCH requests: one after each list, one more each time the server ends a watch."""
+    parsed: int
+    """Watch events parsed: those of our claims, bookmarks and errors."""
+    skipped: int
+    """Watch events dropped unparsed: other nodes' and other drivers' claims."""
+
+
+class _ClaimWatchCollector(Collector):
+    def __init__(self, counts: Callable[[], ClaimWatchCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        counts = self._counts()
+        yield CounterMetricFamily(
+            "nodedra_claim_watch_lists",
+            "LISTs of all ResourceClaims: one per start, one more per watch the server expired.",
+            value=counts.lists,
+        )
+        yield CounterMetricFamily(
+            "nodedra_claim_watch_requests",
+            "WATCH requests of ResourceClaims: one after each list, one per watch resumed.",
+            value=counts.watches,
+        )
+        events = CounterMetricFamily(
+            "nodedra_claim_watch_events",
+            "ResourceClaim watch events, by whether they were parsed (false: not ours, dropped).",
+            labels=["parsed"],
+        )
+        events.add_metric(["true"], counts.parsed)
+        events.add_metric(["false"], counts.skipped)
+        yield events
+
+
 class _UsageCollector(Collector):
     """Reads the usage gauges when Prometheus scrapes, not on every change."""
 
@@ -161,6 +200,10 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_UsageCollector(usage))
+
+    def count_claim_watch(self, counts: Callable[[], ClaimWatchCounts]) -> None:
+        """Show the ResourceClaim watch's counts (when the watch is on)."""
+        self.registry.register(_ClaimWatchCollector(counts))
 
     def request_done(self, report: RequestReport) -> None:
         """Count a kubelet request (the plugin's RequestObserver)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from nodedra import httpserver
+from nodedra.claimfeed import ClaimFeed
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
@@ -141,9 +142,12 @@ class Runtime:
         ):
             check_writable(directory, what)
         self.status: StatusWriter | None = None
+        self.claims: ClaimFeed | None = None
         if settings.watch_claims:
             self.status = StatusWriter(api, self.manager, settings.node_name)
             observers.add(self.status)
+            self.claims = ClaimFeed(self.api_client, self.index, self.status.enqueue)
+            self.metrics.count_claim_watch(self.claims.counts)
         self.orphans = OrphanTracker(
             self.index, self.manager.committed_claims, settings.orphan_grace
         )
@@ -166,6 +170,8 @@ class Runtime:
             raise
         if self.status is not None:
             self.status.start()
+        if self.claims is not None:
+            self.claims.start()
         log.info(
             "nodedra serving driver %s on node %s (API server %s)",
             self.driver,
@@ -175,6 +181,8 @@ class Runtime:
 
     def stop(self) -> None:
         """Stop serving and save state; the ResourceSlices stay."""
+        if self.claims is not None:
+            self.claims.stop()
         self.manager.stop()
         if self.status is not None:
             self.status.stop()
@@ -219,12 +227,6 @@ class Runtime:
     def on_slice_event(self) -> None:
         """One of our ResourceSlices changed or went away: check them against ours."""
         self.manager.plugin.resync()
-
-    def on_claim_event(self, event_type: str | None, claim: Mapping[str, Any]) -> None:
-        """A ResourceClaim changed: index it, and bring our part of its status up to date."""
-        ref = self.index.observe(event_type, claim)
-        if ref is not None and self.status is not None:
-            self.status.enqueue(ref, claim)
 
     def periodic(self) -> None:
         """The checks that run every few seconds: the configuration file, orphans."""

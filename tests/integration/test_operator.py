@@ -389,6 +389,7 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
         "memory": want_memory,
     }
     assert entry.get("shareID") == result.get("shareID")
+    assert nodedra.metric("nodedra_claim_watch_lists_total") == 1  # one list per start
     assert nodedra.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
     assert nodedra.metric("nodedra_claims_held") == 1
     assert nodedra.metric("nodedra_cpus_allocated", {"numa_node": str(numa)}) == want_cpus

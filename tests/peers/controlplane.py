@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -114,8 +114,10 @@ class ControlPlane:
         workdir: Path | None = None,
         feature_gates: Mapping[str, bool] | None = None,
         verbosity: int = 2,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
-        """``feature_gates``: every component's (default: the gates nodedra uses on)."""
+        """``feature_gates``: every component's (default: the gates nodedra uses on);
+        ``apiserver_args``: more flags of kube-apiserver."""
         self.binaries = binaries
         self.workdir = (
             workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-cp-"))
@@ -125,6 +127,7 @@ class ControlPlane:
             gates_for(binaries.kube_apiserver, "alpha") if feature_gates is None else feature_gates
         )
         self.verbosity = verbosity
+        self.apiserver_args = tuple(apiserver_args)
         self.processes: dict[str, PeerProcess] = {}
         self.pki_dir = self.workdir / "pki"
         self.ca = CertificateAuthority(self.pki_dir)
@@ -310,6 +313,7 @@ class ControlPlane:
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--allow-privileged=true",
             f"--v={self.verbosity}",
+            *self.apiserver_args,
         ]
 
     def _start_apiserver(self, timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -50,6 +51,38 @@ def test_index_keeps_only_claims_allocated_to_us() -> None:
     index.observe("ADDED", ours("e"))
     index.observe("DELETED", ours("e"))
     assert len(index) == 0
+
+
+def test_a_list_drops_the_claims_deleted_while_nobody_watched() -> None:
+    index = ClaimIndex(TA, NODE)
+    for uid in ("a", "b"):
+        index.observe("ADDED", ours(uid))
+    assert not index.synced
+    index.listed({"b"})
+    assert index.uids() == {"b"}
+    assert index.synced
+
+
+def event_line(kind: str, claim: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": claim}, separators=(",", ":")).encode()
+
+
+def test_only_events_naming_our_driver_and_pool_or_our_claims_are_worth_parsing() -> None:
+    index = ClaimIndex(TA, NODE)
+    other_driver = make_claim("b", [result("r", "d", driver="gpu.example.com", pool=NODE)])
+    other_node = make_claim("c", [result("r", "cpudevnuma000", driver=TA, pool="other-node")])
+    assert index.mentioned_in(event_line("ADDED", ours("a")))
+    assert not index.mentioned_in(event_line("ADDED", other_driver))
+    assert not index.mentioned_in(event_line("ADDED", other_node))
+    # A claim of ours, deallocated: only its UID says it is ours, once it is indexed.
+    index.observe("ADDED", ours("a"))
+    deallocated = ours("a")
+    del deallocated["status"]["allocation"]
+    assert index.mentioned_in(event_line("MODIFIED", deallocated))
+    index.observe("MODIFIED", deallocated)
+    assert not index.mentioned_in(event_line("MODIFIED", deallocated))
+    # A prefix of a name is not the name.
+    assert not ClaimIndex(TA, NODE[:-1]).mentioned_in(event_line("ADDED", ours("a")))
 
 
 @pytest.fixture
@@ -168,6 +201,9 @@ def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
     tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
     index.observe(None, ours("a"))
+    now[0] += 3600  # before the watch has listed, a claim missing from the index means nothing
+    assert tracker.check() == set()
+    index.listed({"a"})
     assert tracker.check() == set()
     now[0] += 59
     assert tracker.check() == set()
