@@ -323,8 +323,13 @@ def _scale(scale: dict[str, Any]) -> list[str]:
             f"{restart['cpu_seconds_since_start']}, {restart['rss_mib']} (first start: "
             f"{restart['first_start_cpu_seconds']}, {restart['first_start_rss_mib']})",
         ],
-        ["first node's prepare p50 / p99, no churn (ms)", p50_p99(prepare["quiet"])],
-        ["first node's prepare p50 / p99 during the churn (ms)", p50_p99(prepare["churn"])],
+    ]
+    rows += [
+        [
+            f"first node's prepare p50 / p99, {when} (ms; Go driver beside it)",
+            f"{p50_p99(prepare['nodedra'][key])} (Go {p50_p99(prepare['go'][key])})",
+        ]
+        for key, when in (("quiet", "no churn"), ("churn", "during the churn"))
     ]
     rss = (
         f"{api['rss_mib_before_watchers']}, {api['rss_mib_idle_with_watchers']}, "

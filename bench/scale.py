@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.claims import Allocation, create_claim, create_claims, delete_claims
-from bench.env import RESOURCE_API, TOPOLOGY_AWARE, BenchCluster, Spawned, complete_pool, poll
+from bench.env import (
+    GO_DRIVER,
+    RESOURCE_API,
+    TOPOLOGY_AWARE,
+    BenchCluster,
+    Spawned,
+    complete_pool,
+    poll,
+)
 from bench.plan import Plan
 from bench.prepare import CONSUMED
 from bench.procstat import MIB, Usage, usage, wait_quiet
@@ -228,13 +236,24 @@ class _Scale:
             for t, s in ((t, s.items()) for t, s in sampled.samples)
         ]
 
-    def prepares(self, mine: Sequence[Mapping[str, str]]) -> None:
-        """The first node's prepare latency quiet, then while the claims churn."""
+    def _prepares(
+        self, claims: Mapping[str, Sequence[Mapping[str, str]]], until: Callable[[], bool]
+    ) -> dict[str, dict[str, float]]:
+        """Prepare latency of each driver on the first node, in alternating rounds of 20."""
+        timed: dict[str, list[int]] = {driver: [] for driver in claims}
+        while not until():
+            for driver, claim in claims.items():
+                timed[driver] += self.kubelet.bench_prepare(driver, claim, 20, timeout=900)[0]
+        return {driver: summary_ms(ns) for driver, ns in timed.items()}
+
+    def prepares(self, claims: Mapping[str, Sequence[Mapping[str, str]]]) -> None:
+        """The first node's prepares, nodedra's and the Go driver's, quiet then in a churn.
+
+        The Go driver watches no claims: how much slower it gets is the machine's share.
+        """
         plan = self.plan
-        prepare, _, _ = self.kubelet.bench_prepare(
-            TOPOLOGY_AWARE, mine, plan.scale_prepares, warmup=3, timeout=900
-        )
-        quiet = summary_ms(prepare)
+        rounds = iter(range(plan.scale_prepares // 20))
+        quiet = self._prepares(claims, lambda: next(rounds, None) is None)
         before, apiserver_before = _usages(self.pids), usage(self.apiserver)
         churned: dict[str, float] = {}
 
@@ -246,11 +265,8 @@ class _Scale:
 
         churner = threading.Thread(target=churn)
         churner.start()
-        during: list[int] = []
-        while churner.is_alive():  # prepares spread over the whole churn
-            during += self.kubelet.bench_prepare(TOPOLOGY_AWARE, mine, 20, timeout=900)[0]
+        busy = self._prepares(claims, lambda: not churner.is_alive())
         churner.join()
-        busy = summary_ms(during)
         self._settle(self.pids.values(), settle=False)
         after, apiserver_after = _usages(self.pids), usage(self.apiserver)
         seconds = churned["seconds"]
@@ -260,11 +276,17 @@ class _Scale:
         )
         self.say(
             f"  churn: {churned['claims']:.0f} claims deleted and created in {seconds} s "
-            f"({rate:.0f}/s): instance CPU {cpu} % of a core; prepare p50/p99 "
-            f"{quiet['p50']:.1f}/{quiet['p99']:.1f} ms quiet, {busy['p50']:.1f}/"
-            f"{busy['p99']:.1f} ms during the churn"
+            f"({rate:.0f}/s): instance CPU {cpu} % of a core; prepare p50/p99 quiet, churn: "
+            + "; ".join(
+                f"{d} {quiet[d]['p50']:.1f}/{quiet[d]['p99']:.1f}, "
+                f"{busy[d]['p50']:.1f}/{busy[d]['p99']:.1f} ms"
+                for d in claims
+            )
         )
-        self.results["prepare_ms"] = {"quiet": quiet, "churn": busy}
+        self.results["prepare_ms"] = {
+            "nodedra" if d == TOPOLOGY_AWARE else "go": {"quiet": quiet[d], "churn": busy[d]}
+            for d in claims
+        }
         self.results["churn"] = {**churned, "rate_per_second": round(rate, 1)}
         self.results["instance"]["churn_cpu_percent"] = cpu
         self.results["apiserver"]["churn_cpu_percent"] = round(
@@ -321,10 +343,20 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
     scale = _Scale(env, sysfs, plan, say)
     alone_cpu = scale.apiserver_alone()
     idle = scale.start_instances()
-    allocation = Allocation(TOPOLOGY_AWARE, scale.nodes[0], "cpudevnuma000", CONSUMED)
-    mine = create_claims(env.api, "bench-scale-own", ["own"], [allocation])
+    node = scale.nodes[0]
+    go = env.go_driver(node, scale.kubelet.registry_dir, devices=4, name="go-scale")
+    scale.kubelet.wait_registered(GO_DRIVER, timeout=120)
+    go_device = poll(lambda: complete_pool(env.api.slices(node, GO_DRIVER), 4), 60, "Go")[0]
+    claims = {
+        driver: create_claims(env.api, "bench-scale-own", [name], [allocation])
+        for driver, name, allocation in (
+            (TOPOLOGY_AWARE, "own", Allocation(TOPOLOGY_AWARE, node, "cpudevnuma000", CONSUMED)),
+            (GO_DRIVER, "go", Allocation(GO_DRIVER, node, go_device)),
+        )
+    }
     samples = scale.create(idle, alone_cpu)
-    scale.prepares(mine)
+    scale.prepares(claims)
+    go.stop()
     scale.restart(idle)
     scale.stop()
     return {**scale.results, "samples": samples}
