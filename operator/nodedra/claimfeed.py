@@ -5,15 +5,18 @@ of a claim it selects on are ``metadata.name`` and ``metadata.namespace``), so e
 watch carries every claim of the cluster. What that costs a node must not grow with the
 cluster: each watch event is one line of JSON, and a line is parsed only when it can
 concern us, that is when it names our driver and our pool, or the UID of a claim we hold
-in the index. Any other line costs a substring search and is dropped; nothing is kept.
+in the index. Any other line costs two substring searches and is dropped; nothing is kept.
 
 The watch runs in a thread of its own on the official client, not as a kopf handler: kopf
 keeps state for every object it has seen (about 1 KB each, until the object is deleted) and
 runs a task per object before any handler can say "not ours".
 
-One paged LIST when the watch starts, then WATCH from the list's resourceVersion with
-bookmarks, resumed from the last version seen whenever the server ends a watch or the
-connection drops; a new LIST only when the server says that version is gone (410).
+The watch starts with a complete list of the cluster's claims, streamed as watch events
+(``sendInitialEvents``, the WatchList feature, on by default from Kubernetes 1.34) so that
+its lines are filtered like the others, or else as a paged LIST. It then follows the watch
+with bookmarks, resumes from the last resourceVersion seen whenever the server ends a watch
+or the connection drops, and lists again only when the server says that version is gone
+(410).
 """
 
 from __future__ import annotations

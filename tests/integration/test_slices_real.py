@@ -12,7 +12,6 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from nodedra.topology import format_cpu_list, read_topology
 from tests.peers.cluster import create_ready_node, delete_node, resource_slices
 from tests.peers.controlplane import ControlPlane
 from tests.peers.profile import ClusterProfile
+from tests.unit.topology.sysfs_trees import FIXTURES, SHAPES
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -624,11 +624,8 @@ def test_publisher_start_twice_fails(applier: SliceApplier) -> None:
     publisher.stop()  # idempotent
 
 
-SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
-
-
 @pytest.mark.parametrize("policy", ["topology-aware", "static"])
-@pytest.mark.parametrize("shape", sorted(p.name for p in SYSFS.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("shape", SHAPES)  # every tree in tests/fixtures/sysfs, checked there
 @pytest.mark.parametrize("left", ["all", "one CPU, no memory"])
 def test_every_machine_s_devices_pass_real_validation(
     api: KubeClusterAPI,
@@ -642,7 +639,7 @@ def test_every_machine_s_devices_pass_real_validation(
     """What each policy publishes for each fixture machine is a valid slice, also when the
     configuration leaves one CPU and no memory to claim (where a request policy's step
     would not fit in the capacity: a 2-CPU machine with CPU 0 reserved is such a node)."""
-    topology = read_topology(SYSFS / shape)
+    topology = read_topology(FIXTURES / shape)
     config: dict[str, Any] = {"policy": policy}
     if left != "all":
         cpus = sorted(topology.cpus)
