@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 TOPOLOGY_AWARE = "topology-aware.nri.io"
 GO_DRIVER = "go.bench.nodedra.test"
+DURABLE_GO_DRIVER = "durable.bench.nodedra.test"
+"""The Go driver with a durable record of each claim (``--state-dir``)."""
 
 #: The machine nodedra's topology-aware policy runs on in the benchmarks: two sockets,
 #: two NUMA nodes each, 20 cores of 2 threads per node, 160 CPUs. The fixture the tests use
@@ -223,12 +225,15 @@ class BenchCluster:
         driver: str = GO_DRIVER,
         devices: int = 4,
         name: str | None = None,
+        durable: bool = False,
     ) -> Spawned:
         """The Go reference driver (official kubeletplugin helper) on ``node``.
 
         Its client's rate limiter is off (client-go's default is 5 requests/s, burst 10),
         as nodedra's client has none: a 64-claim prepare would otherwise measure the
-        limiter. Devices go into slices of at most 128, the API's limit.
+        limiter. Devices go into slices of at most 128, the API's limit. ``durable``: it
+        also writes, fsyncs and renames a record per prepared claim (and fsyncs the
+        directory) before the CDI spec, as drivers that keep a checkpoint do.
         """
         name = name or f"go-{node}-{driver.split('.', maxsplit=1)[0]}"
         directory = self.workdir / name
@@ -245,6 +250,8 @@ class BenchCluster:
             "--kube-api-qps=-1",
             "--v=2",
         ]
+        if durable:
+            argv.append(f"--state-dir={directory / 'state'}")
         return self.spawn(name, argv)
 
     def nodedra_manager(self, node: str, registry: Path, sysfs: Path) -> Spawned:

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.claims import Allocation, create_claims
-from bench.env import GO_DRIVER, TOPOLOGY_AWARE, BenchCluster, Spawned, complete_pool, poll
+from bench.env import (
+    DURABLE_GO_DRIVER,
+    GO_DRIVER,
+    TOPOLOGY_AWARE,
+    BenchCluster,
+    Spawned,
+    complete_pool,
+    poll,
+)
 from bench.plan import Case, Plan
 from bench.procstat import MIB, Sampler, wait_quiet
 from bench.stats import percentile, ratio, summary_ms
@@ -68,20 +76,33 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
     go, go_start = start_timed(
         kubelet, GO_DRIVER, lambda: env.go_driver(NODE, kubelet.registry_dir, devices=devices)
     )
-    ta_devices = poll(lambda: complete_pool(env.api.slices(NODE, TOPOLOGY_AWARE), 4), 60, "slices")
-    go_devices = poll(
-        lambda: complete_pool(env.api.slices(NODE, GO_DRIVER), devices), 60, "Go's slices"
+    durable, durable_start = start_timed(
+        kubelet,
+        DURABLE_GO_DRIVER,
+        lambda: env.go_driver(
+            NODE, kubelet.registry_dir, driver=DURABLE_GO_DRIVER, devices=devices, durable=True
+        ),
     )
-    drivers = {"nodedra": (TOPOLOGY_AWARE, nodedra), "go": (GO_DRIVER, go)}
+    ta_devices = poll(lambda: complete_pool(env.api.slices(NODE, TOPOLOGY_AWARE), 4), 60, "slices")
+    go_devices = {
+        name: _devices(env, driver, devices)
+        for name, driver in (("go", GO_DRIVER), ("go-durable", DURABLE_GO_DRIVER))
+    }
+    drivers = {
+        "nodedra": (TOPOLOGY_AWARE, nodedra),
+        "go": (GO_DRIVER, go),
+        "go-durable": (DURABLE_GO_DRIVER, durable),
+    }
     idle = _idle({name: process for name, (_, process) in drivers.items()}, plan)
     cases: list[dict[str, Any]] = []
     per_round_p99: dict[str, list[float | None]] = {}
     for case in plan.prepare_cases:
-        refs = _claims(env, case, ta_devices, go_devices)
+        refs = _claims(env, case, ta_devices, go_devices, drivers)
         measured = {name: _Accumulated(case) for name in drivers}
         per_round = max(1, case.iterations // plan.rounds)
         for round_ in range(plan.rounds):
-            order = list(drivers) if round_ % 2 == 0 else list(reversed(drivers))
+            names = list(drivers)
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
                 driver, process = drivers[name]
                 warmup = case.warmup if round_ == 0 else 1
@@ -110,13 +131,24 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
         "node": NODE,
         "fixture": f"generated sysfs {sysfs.name}: 160 CPUs, 4 NUMA nodes",
         "claim": f"one result each; on nodedra's NUMA devices consuming {CONSUMED}, "
-        "on the Go driver a whole device of its own",
+        "on the Go drivers a whole device of their own",
         "rounds": plan.rounds,
-        "start_seconds": {"nodedra_manager": nodedra_start, "go": go_start},
+        "start_seconds": {
+            "nodedra_manager": nodedra_start,
+            "go": go_start,
+            "go_durable": durable_start,
+        },
         "idle": idle,
         "cases": cases,
         "ratios": _ratios(cases, plan, per_round_p99),
     }
+
+
+def _devices(env: BenchCluster, driver: str, count: int) -> list[str]:
+    """The devices of ``driver``'s pool on the node, once all ``count`` are published."""
+    return poll(
+        lambda: complete_pool(env.api.slices(NODE, driver), count), 60, f"{driver}'s slices"
+    )
 
 
 def _idle(processes: Mapping[str, Spawned], plan: Plan) -> dict[str, Any]:
@@ -132,12 +164,16 @@ def _idle(processes: Mapping[str, Spawned], plan: Plan) -> dict[str, Any]:
 
 
 def _claims(
-    env: BenchCluster, case: Case, ta_devices: list[str], go_devices: list[str]
+    env: BenchCluster,
+    case: Case,
+    ta_devices: list[str],
+    go_devices: Mapping[str, list[str]],
+    drivers: Mapping[str, tuple[str, Spawned]],
 ) -> dict[str, list[dict[str, str]]]:
     """The case's claims of each driver, created and allocated."""
     prefix = f"{case.claims}x{case.parallel}"
     count = case.total_claims
-    return {
+    claims = {
         "nodedra": create_claims(
             env.api,
             NAMESPACE,
@@ -146,14 +182,17 @@ def _claims(
                 Allocation(TOPOLOGY_AWARE, NODE, ta_devices[i % len(ta_devices)], CONSUMED)
                 for i in range(count)
             ],
-        ),
-        "go": create_claims(
+        )
+    }
+    for name, devices in go_devices.items():
+        driver = drivers[name][0]
+        claims[name] = create_claims(
             env.api,
             NAMESPACE,
-            [f"go-{prefix}-{i}" for i in range(count)],
-            [Allocation(GO_DRIVER, NODE, go_devices[i]) for i in range(count)],
-        ),
-    }
+            [f"{name}-{prefix}-{i}" for i in range(count)],
+            [Allocation(driver, NODE, devices[i]) for i in range(count)],
+        )
+    return claims
 
 
 class _Accumulated:
@@ -198,20 +237,28 @@ def _ratios(
     cases: list[dict[str, Any]], plan: Plan, per_round_p99: Mapping[str, list[float | None]]
 ) -> dict[str, Any]:
     by: Mapping[tuple[str, str], dict[str, Any]] = {(c["driver"], c["case"]): c for c in cases}
+
+    def over(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | None]:
+        return {
+            "prepare_p50": ratio(ours["prepare_ms"]["p50"], theirs["prepare_ms"]["p50"]),
+            "prepare_p99": ratio(ours["prepare_ms"]["p99"], theirs["prepare_ms"]["p99"]),
+            "unprepare_p50": ratio(ours["unprepare_ms"]["p50"], theirs["unprepare_ms"]["p50"]),
+            "unprepare_p99": ratio(ours["unprepare_ms"]["p99"], theirs["unprepare_ms"]["p99"]),
+            "throughput": ratio(ours["claims_per_second"], theirs["claims_per_second"]),
+        }
+
     rows: list[dict[str, Any]] = []
+    durable: list[dict[str, Any]] = []
     for case in plan.prepare_cases:
-        ours, go = by["nodedra", case.label], by["go", case.label]
+        ours = by["nodedra", case.label]
         rows.append(
             {
                 "case": case.label,
-                "prepare_p50": ratio(ours["prepare_ms"]["p50"], go["prepare_ms"]["p50"]),
-                "prepare_p99": ratio(ours["prepare_ms"]["p99"], go["prepare_ms"]["p99"]),
-                "unprepare_p50": ratio(ours["unprepare_ms"]["p50"], go["unprepare_ms"]["p50"]),
-                "unprepare_p99": ratio(ours["unprepare_ms"]["p99"], go["unprepare_ms"]["p99"]),
-                "throughput": ratio(ours["claims_per_second"], go["claims_per_second"]),
+                **over(ours, by["go", case.label]),
                 "prepare_p99_by_round": per_round_p99.get(case.label, []),
             }
         )
+        durable.append({"case": case.label, **over(ours, by["go-durable", case.label])})
     one = next(r for r in rows if r["case"] == "1")
     aim: dict[str, Any] = {"target_prepare_p99_ratio": TARGET_P99_RATIO}
     if one["prepare_p99"] is not None:
@@ -219,4 +266,4 @@ def _ratios(
         aim["met"] = one["prepare_p99"] <= TARGET_P99_RATIO
         rounds = [r for r in one["prepare_p99_by_round"] if r is not None]
         aim["rounds_met"] = f"{sum(r <= TARGET_P99_RATIO for r in rounds)}/{len(rounds)}"
-    return {"nodedra_over_go": rows, "aim_one_claim_p99": aim}
+    return {"nodedra_over_go": rows, "nodedra_over_durable_go": durable, "aim_one_claim_p99": aim}

@@ -49,6 +49,7 @@ type config struct {
 	devicesPerSlice int
 	kubeAPIQPS      float64
 	kubeAPIBurst    int
+	stateDir        string
 }
 
 func main() {
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&cfg.devicesPerSlice, "devices-per-slice", 0, "split the devices into slices of at most this many (0: one slice; the API server allows 128)")
 	flag.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 0, "client-side QPS limit of the API client (0: client-go's default of 5, negative: no limit)")
 	flag.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 0, "client-side burst of the API client (0: client-go's default of 10)")
+	flag.StringVar(&cfg.stateDir, "state-dir", "", "keep a durable record of each prepared claim here, as drivers with a checkpoint do (empty: none)")
 	flag.Parse()
 
 	if err := run(cfg); err != nil {
@@ -83,7 +85,10 @@ func run(cfg config) error {
 			return fmt.Errorf("%s is required", name)
 		}
 	}
-	for _, dir := range []string{cfg.registryDir, cfg.pluginDir, cfg.cdiDir} {
+	for _, dir := range []string{cfg.registryDir, cfg.pluginDir, cfg.cdiDir, cfg.stateDir} {
+		if dir == "" {
+			continue
+		}
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return err
 		}
@@ -105,7 +110,7 @@ func run(cfg config) error {
 	defer cancel(nil)
 	logger := klog.FromContext(ctx)
 
-	d := &driver{name: cfg.driverName, cdiDir: cfg.cdiDir, cancel: cancel}
+	d := &driver{name: cfg.driverName, cdiDir: cfg.cdiDir, stateDir: cfg.stateDir, cancel: cancel}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(cfg.nodeName),
@@ -165,9 +170,10 @@ func publishedResources(cfg config) resourceslice.DriverResources {
 
 // driver implements kubeletplugin.DRAPlugin.
 type driver struct {
-	name   string
-	cdiDir string
-	cancel context.CancelCauseFunc
+	name     string
+	cdiDir   string
+	stateDir string // "": no durable record
+	cancel   context.CancelCauseFunc
 }
 
 var _ kubeletplugin.DRAPlugin = &driver{}
@@ -220,6 +226,9 @@ func (d *driver) prepareClaim(claim *resourceapi.ResourceClaim) ([]kubeletplugin
 		return nil, fmt.Errorf("CDI spec version for claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	spec.Version = version
+	if err := d.record(claim, devices); err != nil {
+		return nil, fmt.Errorf("record claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
 	if err := writeFileAtomically(d.specPath(claim.UID), &spec); err != nil {
 		return nil, fmt.Errorf("write CDI spec for claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
@@ -229,13 +238,53 @@ func (d *driver) prepareClaim(claim *resourceapi.ResourceClaim) ([]kubeletplugin
 func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	result := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
-		err := os.Remove(d.specPath(claim.UID))
+		err := d.forget(claim.UID)
+		if err == nil {
+			err = os.Remove(d.specPath(claim.UID))
+		}
 		if errors.Is(err, os.ErrNotExist) {
 			err = nil // Unpreparing an unknown claim succeeds.
 		}
 		result[claim.UID] = err
 	}
 	return result, nil
+}
+
+// record makes the claim's devices durable before its CDI spec is written,
+// as a driver that keeps a checkpoint does: a file per claim, fsynced and
+// renamed into place, then the directory fsynced.
+func (d *driver) record(claim *resourceapi.ResourceClaim, devices []kubeletplugin.Device) error {
+	if d.stateDir == "" {
+		return nil
+	}
+	data, err := yaml.Marshal(devices)
+	if err != nil {
+		return err
+	}
+	if err := writeDurably(filepath.Join(d.stateDir, string(claim.UID)), data); err != nil {
+		return err
+	}
+	return syncDir(d.stateDir)
+}
+
+// forget removes the claim's durable record, durably.
+func (d *driver) forget(uid types.UID) error {
+	if d.stateDir == "" {
+		return nil
+	}
+	if err := os.Remove(filepath.Join(d.stateDir, string(uid))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(d.stateDir)
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 func (d *driver) HandleError(ctx context.Context, err error, msg string) {
@@ -274,6 +323,11 @@ func writeFileAtomically(path string, spec *cdispec.Spec) error {
 	if err != nil {
 		return err
 	}
+	return writeDurably(path, data)
+}
+
+// writeDurably replaces path with data: a temporary file, fsynced, renamed.
+func writeDurably(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
 	if err != nil {
 		return err
