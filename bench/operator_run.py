@@ -24,7 +24,7 @@ from bench.claims import Allocation, create_claims, delete_claims
 from bench.env import GO_DRIVER, TOPOLOGY_AWARE, BenchCluster, Spawned, complete_pool, poll
 from bench.plan import Plan
 from bench.prepare import CONSUMED, start_timed
-from bench.procstat import MIB, Sampler, measure, usage, wait_quiet
+from bench.procstat import MIB, Sampler, measure, settle, usage, wait_quiet
 from bench.stats import summary_ms
 from tests.peers.kubelet import KubeletHarness
 
@@ -65,13 +65,6 @@ def _stop(op: Spawned, kubelet: KubeletHarness) -> None:
     kubelet.wait_unregistered(TOPOLOGY_AWARE, timeout=60)
 
 
-def _settle(pid: int, plan: Plan) -> float:
-    """Let start-up (or a burst) finish: until quiet, then ``settle_seconds`` more."""
-    waited = wait_quiet(pid, timeout=60)
-    time.sleep(plan.settle_seconds)
-    return waited + plan.settle_seconds
-
-
 def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
     """Run benchmarks 3 and 4 on one node and kubelet; their results."""
     kubelet = env.kubelet(NODE)
@@ -100,7 +93,7 @@ def _process(
         GO_DRIVER,
         lambda: env.go_driver(NODE, kubelet.registry_dir, devices=4, name="go-operator-node"),
     )
-    _settle(op.pid, plan)
+    settle([op.pid], plan.settle_seconds)
     started_cpu = usage(op.pid).cpu_seconds
     with Sampler(go.pid) as go_idle:
         idle = measure(op.pid, plan.idle_seconds)
@@ -200,7 +193,7 @@ def _watch_cost(
     mode = "on" if watch_claims else "off"
     namespace = f"bench-watch-{mode}"
     op, start = _start(env, kubelet, sysfs, f"nodedra-watch-{mode}", watch_claims=watch_claims)
-    _settle(op.pid, plan)
+    settle([op.pid], plan.settle_seconds)
     fresh = usage(op.pid)
     count = plan.watch_claims
     allocations: list[Allocation | None] = [
@@ -222,7 +215,7 @@ def _watch_cost(
     again, restart = _start(
         env, kubelet, sysfs, f"nodedra-watch-{mode}-relist", watch_claims=watch_claims
     )
-    _settle(again.pid, plan)
+    settle([again.pid], plan.settle_seconds)
     relisted = usage(again.pid)
     _stop(again, kubelet)
     delete_claims(env.api, namespace)

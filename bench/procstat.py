@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -161,6 +162,18 @@ def wait_quiet(
         if now.cpu_seconds - last.cpu_seconds < max_cpu:
             break
         last = now
+    return time.monotonic() - started
+
+
+def settle(pids: Iterable[int], seconds: float, timeout: float = 60.0) -> float:
+    """Let processes finish start-up (or a burst): each until quiet, then ``seconds`` more.
+
+    Returns the seconds waited.
+    """
+    started = time.monotonic()
+    for pid in pids:
+        wait_quiet(pid, timeout=timeout)
+    time.sleep(seconds)
     return time.monotonic() - started
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from bench.env import (
 )
 from bench.plan import Plan
 from bench.prepare import CONSUMED
-from bench.procstat import MIB, Usage, usage, wait_quiet
+from bench.procstat import MIB, Usage, settle, usage
 from bench.stats import summary_ms
 
 OTHER_DRIVER = "other.bench.nodedra.test"
@@ -180,7 +180,7 @@ class _Scale:
         for node in self.nodes:
             self._wait_published(node)
         self.kubelet.wait_registered(TOPOLOGY_AWARE, timeout=120)
-        self._settle(self.pids.values())
+        settle(self.pids.values(), self.plan.settle_seconds, timeout=120)
         idle = _usages(self.pids)
         rss_idle = usage(self.apiserver).rss_bytes
         rss = _spread([u.rss_bytes / MIB for u in idle.values()])
@@ -204,7 +204,7 @@ class _Scale:
         apiserver_before = usage(self.apiserver)
         with _Watcher({**self.pids, "kube-apiserver": self.apiserver}) as sampled:
             seconds = _create(self.env, [f"c-{i}" for i in range(claims)], nodes)
-            self._settle(self.pids.values(), settle=False)
+            settle(self.pids.values(), 0, timeout=120)
         created = _usages(self.pids)
         apiserver = usage(self.apiserver)
         events = claims + 2 * claims // 3  # every claim created, two thirds allocated after
@@ -267,7 +267,7 @@ class _Scale:
         churner.start()
         busy = self._prepares(claims, lambda: not churner.is_alive())
         churner.join()
-        self._settle(self.pids.values(), settle=False)
+        settle(self.pids.values(), 0, timeout=120)
         after, apiserver_after = _usages(self.pids), usage(self.apiserver)
         seconds = churned["seconds"]
         rate = churned["claims"] / seconds
@@ -302,7 +302,7 @@ class _Scale:
         )
         self.instances[node] = again
         self._wait_published(node)
-        self._settle([again.pid])
+        settle([again.pid], self.plan.settle_seconds, timeout=120)
         restart = usage(again.pid)
         first = idle[node]
         self.say(
@@ -330,12 +330,6 @@ class _Scale:
 
     def _wait_published(self, node: str) -> None:
         poll(lambda: complete_pool(self.env.api.slices(node, TOPOLOGY_AWARE), 4), 120, node)
-
-    def _settle(self, pids: Iterable[int], *, settle: bool = True) -> None:
-        for pid in pids:
-            wait_quiet(pid, timeout=120)
-        if settle:
-            time.sleep(self.plan.settle_seconds)
 
 
 def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:

@@ -4,12 +4,13 @@ are kept, the watch resumes where it was, and lists again only when the server s
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,14 +30,14 @@ TIMEOUT = 30
 
 
 class Watch:
-    """A feed on our driver and node, and what it told its ``on_claim``."""
+    """A feed (made by ``make``) on our driver and node, and what it told its ``on_claim``."""
 
-    def __init__(self, admin_api: ApiClient, driver: str, **options: Any) -> None:
+    def __init__(
+        self, api: ApiClient, driver: str, make: Callable[..., ClaimFeed], **options: Any
+    ) -> None:
         self.index = ClaimIndex(driver, NODE)
         self.told: list[ClaimRef] = []
-        self.feed = ClaimFeed(
-            admin_api, self.index, lambda ref, _: self.told.append(ref), **options
-        )
+        self.feed = make(api, self.index, lambda ref, _: self.told.append(ref), **options)
 
     def wait(self, uids: set[str]) -> None:
         """Until the index holds exactly ``uids``."""
@@ -52,11 +53,22 @@ def driver() -> str:
     return f"c{uuid.uuid4().hex[:8]}.nri.io"
 
 
+StartWatch = Callable[..., Watch]
+"""``start_watch(api, make=ClaimFeed, **options)``: a started Watch of the test's driver."""
+
+
 @pytest.fixture
-def watches() -> Iterator[list[Watch]]:
-    """Watches made by a test, stopped after it."""
+def start_watch(driver: str) -> Iterator[StartWatch]:
+    """Starts watches for a test and stops them after it."""
     made: list[Watch] = []
-    yield made
+
+    def start(api: ApiClient, make: Callable[..., ClaimFeed] = ClaimFeed, **options: Any) -> Watch:
+        watch = Watch(api, driver, make, **options)
+        made.append(watch)
+        watch.feed.start()
+        return watch
+
+    yield start
     for watch in made:
         watch.feed.stop()
 
@@ -73,7 +85,7 @@ def test_only_our_claims_are_indexed_from_the_list_and_the_watch(
     namespace: str,
     admin_api: ApiClient,
     driver: str,
-    watches: list[Watch],
+    start_watch: StartWatch,
 ) -> None:
     cp = control_plane
     ours = {allocated(cp, namespace, f"ours-{i}", driver, NODE) for i in range(2)}
@@ -81,9 +93,7 @@ def test_only_our_claims_are_indexed_from_the_list_and_the_watch(
     allocated(cp, namespace, "other-driver", "gpu.example.com", NODE)
     create_claim(cp, namespace, "unallocated", driver)
 
-    watch = Watch(admin_api, driver, page_size=2)  # the list comes in pages
-    watches.append(watch)
-    watch.feed.start()
+    watch = start_watch(admin_api)
     watch.wait(ours)
     assert set(r.uid for r in watch.told) == ours
     assert watch.feed.counts().lists == 1
@@ -117,11 +127,9 @@ def test_a_watch_the_server_ends_is_resumed_without_listing_again(
     namespace: str,
     admin_api: ApiClient,
     driver: str,
-    watches: list[Watch],
+    start_watch: StartWatch,
 ) -> None:
-    watch = Watch(admin_api, driver, watch_seconds=(1, 1))
-    watches.append(watch)
-    watch.feed.start()
+    watch = start_watch(admin_api, watch_seconds=(1, 1))
     watch.wait(set())
     poll(
         lambda: watch.feed.counts().watches >= 3 or None,
@@ -189,52 +197,44 @@ class StaleFeed(ClaimFeed):
 
 
 def test_a_version_the_server_forgot_makes_it_list_again(
-    uncached: ControlPlane, driver: str
+    uncached: ControlPlane, driver: str, start_watch: StartWatch
 ) -> None:
     """The server ends the first watch after a second; the claim allocated before it resumes
     is found by the second list."""
-    index = ClaimIndex(driver, NODE)
     with admin_client(uncached) as api:
-        feed = StaleFeed(uncached, driver, api, index, lambda *_: None, watch_seconds=(1, 1))
-        feed.start()
-        try:
-            poll(
-                lambda: (feed.counts().lists == 2 and len(index) == 1) or None,
-                TIMEOUT,
-                lambda: f"a second list after the server's 410 ({feed.counts()}, {len(index)})",
-            )
-        finally:
-            feed.stop()
+        stale = functools.partial(StaleFeed, uncached, driver)
+        watch = start_watch(api, stale, watch_seconds=(1, 1))
+        poll(
+            lambda: (watch.feed.counts().lists == 2 and len(watch.index) == 1) or None,
+            TIMEOUT,
+            lambda: f"a second list after the server's 410 ({watch.feed.counts()})",
+        )
+        watch.feed.stop()
 
 
 def test_a_list_is_streamed_or_else_paged(
-    uncached: ControlPlane, driver: str, caplog: pytest.LogCaptureFixture
+    uncached: ControlPlane,
+    driver: str,
+    start_watch: StartWatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Our claims are found either way; claims of other nodes or drivers are not kept."""
+    """Our claims are found either way (in pages of 2 when paged: 3 pages); claims of other
+    nodes or drivers are not kept."""
     cp = uncached
     ours = {allocated(cp, "watch", f"ours-{uuid.uuid4().hex[:6]}", driver, NODE) for _ in range(3)}
     allocated(cp, "watch", f"elsewhere-{uuid.uuid4().hex[:6]}", driver, "node-b")
     allocated(cp, "watch", f"other-{uuid.uuid4().hex[:6]}", "gpu.example.com", NODE)
-    index = ClaimIndex(driver, NODE)
     with admin_client(cp) as api, caplog.at_level(logging.INFO, "nodedra.claimfeed"):
-        feed = ClaimFeed(api, index, lambda *_: None, page_size=2)
-        feed.start()
-        try:
-            poll(
-                lambda: (index.synced and index.uids() == ours) or None,
-                TIMEOUT,
-                lambda: f"index {set(index.uids())} to be {ours} ({feed.counts()})",
-            )
-        finally:
-            feed.stop()
+        watch = start_watch(api, page_size=2)
+        watch.wait(ours)
+        watch.feed.stop()
     paged = "does not stream lists" in caplog.text
     assert paged == (cp.feature_gates["WatchList"] is False), caplog.text
-    assert feed.counts().lists == 1
+    assert watch.feed.counts().lists == 1
 
 
-def test_stop_cuts_an_open_watch(admin_api: ApiClient, driver: str) -> None:
-    feed = ClaimFeed(admin_api, ClaimIndex(driver, NODE), lambda *_: None)
-    feed.start()
+def test_stop_cuts_an_open_watch(admin_api: ApiClient, start_watch: StartWatch) -> None:
+    feed = start_watch(admin_api).feed
     poll(lambda: feed.counts().watches == 1 or None, TIMEOUT, lambda: f"a watch ({feed.counts()})")
     (thread,) = [t for t in threading.enumerate() if t.name == "claim-watch"]
     feed.stop()  # the server would keep this watch open for 5 to 10 minutes
