@@ -56,9 +56,11 @@ from tests.peers.build import (
     kubernetes_peer,
     peer_names,
 )
+from tests.peers.busybox import busybox_binary, busybox_image_archive
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
 from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.go_driver import GoDriver
+from tests.peers.image import ImageBuildError, NodedraImage, build_nodedra_image
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.netns import NetworkNamespaceError, enter_private_network, in_private_network
 from tests.peers.node import NodeError, RealNode
@@ -89,7 +91,7 @@ _NETNS_ERROR = pytest.StashKey[str]()
 _FAILED = pytest.StashKey[bool]()
 
 #: Fixtures whose tests need the peers of a real node (built only then).
-_NODE_FIXTURES = frozenset({"real_node_factory"})
+_NODE_FIXTURES = frozenset({"real_node_factory", "node_binaries"})
 
 
 @runtime_checkable
@@ -173,6 +175,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
     if any("peer_binaries" in names for names in fixtures):
         _resolve_binaries(session.config, node=any(_NODE_FIXTURES & names for names in fixtures))
+        if any("busybox_image" in names for names in fixtures):
+            _download_busybox(session.config)
+        if any(_IMAGE_FIXTURE in names for names in fixtures):
+            _build_nodedra_image(session.config)
         _enter_private_network(session.config)
 
 
@@ -209,6 +215,33 @@ def node_binaries(pytestconfig: pytest.Config, peer_binaries: PeerBinaries) -> P
         )
     node = pytestconfig.stash[_NODE_BINARIES]
     return PeerBinaries({**peer_binaries.paths, **{n: node[n] for n in NODE_PEERS}})
+
+
+_BUSYBOX_ERROR = pytest.StashKey[str]()
+
+
+def _download_busybox(config: pytest.Config) -> None:
+    """Fetch the samples' busybox (a download: before the private network namespace)."""
+    with _terminal(config):
+        try:
+            busybox_binary(sys.stderr)
+        except PeerBuildError as err:
+            config.stash[_BUSYBOX_ERROR] = str(err)
+            print(f"[peers] ERROR: {err}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def busybox_image(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The OCI archive of the samples' image (tests.peers.busybox)."""
+    if _BUSYBOX_ERROR in pytestconfig.stash:
+        pytest.fail(
+            f"the samples' busybox image is unavailable: {pytestconfig.stash[_BUSYBOX_ERROR]}",
+            pytrace=False,
+        )
+    try:
+        return busybox_image_archive(tmp_path_factory.mktemp("busybox"))
+    except PeerBuildError as err:
+        pytest.fail(f"the samples' busybox image is unavailable: {err}", pytrace=False)
 
 
 # -- control plane ----------------------------------------------------------
@@ -656,3 +689,50 @@ def nodedra_factory(
         yield factory
     finally:
         factory.stop_all()
+
+
+# == nodedra's container image (tests.peers.image) ================================================
+# Built right after collection, with the peers and before the test process enters its private
+# network namespace (pytest_collection_finish): pip and debootstrap download. A failure is kept
+# and fails every test that uses the image, with the reason.
+
+_IMAGE = pytest.StashKey[NodedraImage]()
+_IMAGE_BUILD_ERROR = pytest.StashKey[str]()
+#: The fixture whose tests need the image (built only then).
+_IMAGE_FIXTURE = "nodedra_image"
+
+
+def _build_nodedra_image(config: pytest.Config) -> None:
+    """Build nodedra's image once per session (tests.peers.image caches its base layer)."""
+    if _IMAGE in config.stash or _IMAGE_BUILD_ERROR in config.stash:
+        return
+    with _terminal(config):
+        print(file=sys.stderr)
+        try:
+            config.stash[_IMAGE] = build_nodedra_image(log=sys.stderr)
+        except (ImageBuildError, OSError) as err:
+            config.stash[_IMAGE_BUILD_ERROR] = str(err)
+            print(f"[image] ERROR: {err}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def nodedra_image(pytestconfig: pytest.Config) -> NodedraImage:
+    """nodedra's image, the Dockerfile's recipe built without Docker (tests.peers.image): an
+    OCI archive for ``ctr images import`` (``RealNode.import_image``)."""
+    if _IMAGE not in pytestconfig.stash and _IMAGE_BUILD_ERROR not in pytestconfig.stash:
+        if in_private_network():
+            pytestconfig.stash[_IMAGE_BUILD_ERROR] = (
+                "it was not built before the test run entered its private network namespace, "
+                "where pip and debootstrap cannot download"
+            )
+        else:
+            _build_nodedra_image(pytestconfig)
+    if _IMAGE_BUILD_ERROR in pytestconfig.stash:
+        pytest.fail(
+            f"nodedra's image is unavailable: {pytestconfig.stash[_IMAGE_BUILD_ERROR]}",
+            pytrace=False,
+        )
+    return pytestconfig.stash[_IMAGE]
+
+
+# == end of nodedra's container image ==============================================================

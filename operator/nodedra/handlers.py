@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -54,12 +56,36 @@ class Shutdown:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def in_cluster_server(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The API server a pod reaches, found as the official client's in-cluster config does.
+
+    That is the ``kubernetes`` Service's address and port, which the kubelet puts into every
+    container's environment; None outside a pod.
+    """
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The same credentials nodedra's own client uses: --kubeconfig, or in-cluster."""
+    """The same API server and credentials nodedra's own client uses.
+
+    That is --kubeconfig, or the pod's service account at the address of
+    ``in_cluster_server``. kopf's own in-cluster login names the server
+    ``https://kubernetes.default.svc``, a name only cluster DNS resolves: on a node whose pods
+    have no DNS (yet), nodedra's client would serve claims while kopf could not reach the API
+    server at all.
+    """
     if os.environ.get("KUBECONFIG"):
         return kopf.login_with_kubeconfig(**kwargs)
-    return kopf.login_with_service_account(**kwargs)
+    info = kopf.login_with_service_account(**kwargs)
+    server = in_cluster_server()
+    if info is None or server is None:
+        return info
+    return dataclasses.replace(info, server=server)
 
 
 @kopf.on.startup()

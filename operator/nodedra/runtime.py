@@ -64,10 +64,13 @@ def check_api_server(api_client: k8s.ApiClient) -> str:
     return str(version.git_version)
 
 
-def check_writable(directory: Path, what: str) -> None:
-    """Create ``directory`` if needed and prove we can write there, or say which flag."""
+def check_writable(directory: Path, what: str, mode: int) -> None:
+    """Create ``directory`` (with ``mode``) if needed and prove we can write there.
+
+    SettingsError says which flag names the directory when it is not writable.
+    """
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=mode, parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as err:
@@ -134,13 +137,14 @@ class Runtime:
             on_shutdown,
         )
         plugin = self.manager.plugin
-        for directory, what in (
-            (plugin.sockets.registration.parent, "--registry-dir"),
-            (plugin.plugin_data_dir, "--plugin-dir"),
-            (plugin.cdi.directory, "--cdi-dir"),
-            (self.manager.checkpoint.path.parent, "--state-dir"),
+        # Where sockets and state live, only root may look; CDI specs are for the runtime.
+        for directory, what, mode in (
+            (plugin.sockets.registration.parent, "--registry-dir", 0o750),
+            (plugin.plugin_data_dir, "--plugin-dir", 0o750),
+            (plugin.cdi.directory, "--cdi-dir", 0o755),
+            (self.manager.checkpoint.path.parent, "--state-dir", 0o700),
         ):
-            check_writable(directory, what)
+            check_writable(directory, what, mode)
         self.status: StatusWriter | None = None
         self.claims: ClaimFeed | None = None
         if settings.watch_claims:

@@ -185,6 +185,8 @@ def _kubernetes_group(version: str) -> PeerGroup:
         packages={
             **packages,
             "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
             "go-driver": "./cmd/go-driver",
         },
         ldflags=_kubernetes_ldflags(version),
@@ -304,6 +306,32 @@ def _workloads_group() -> PeerGroup:
     )
 
 
+#: The CNI plugins of the real node's pod network (containernetworking/plugins).
+CNI_PLUGINS: Mapping[str, str] = {
+    "bridge": "github.com/containernetworking/plugins/plugins/main/bridge",
+    "host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local",
+    "loopback": "github.com/containernetworking/plugins/plugins/main/loopback",
+}
+
+
+def _cni_group() -> PeerGroup:
+    module = PEERS_DIR / "cni"
+    version = _required_version(module / "go.mod", "github.com/containernetworking/plugins")
+    return PeerGroup(name=f"cni-plugins-{version}", module=module, packages=CNI_PLUGINS)
+
+
+def _helm_group() -> PeerGroup:
+    module = PEERS_DIR / "helm"
+    version = _required_version(module / "go.mod", "helm.sh/helm/v3")
+    return PeerGroup(
+        name=f"helm-{version}",
+        module=module,
+        packages={"helm": "helm.sh/helm/v3/cmd/helm"},
+        # Stamped as helm's own release build does (`helm version` reports it).
+        ldflags=("-s", "-w", f"-X helm.sh/helm/v3/internal/version.version={version}"),
+    )
+
+
 def peer_groups() -> tuple[PeerGroup, ...]:
     """Every group of peers the tests and benchmarks use."""
     return (
@@ -312,6 +340,8 @@ def peer_groups() -> tuple[PeerGroup, ...]:
         *(_containerd_group(v) for v in CONTAINERD_VERSIONS),
         _runc_group(),
         _workloads_group(),
+        _cni_group(),
+        _helm_group(),
     )
 
 
@@ -323,6 +353,12 @@ NODE_PEERS: tuple[str, ...] = (
     "runc",
     "pause",
     "workload",
+    # What deploying nodedra as a DaemonSet on the node takes: the pod network (CNI plugins,
+    # kube-proxy for the API server's Service) and the admin's tools.
+    *CNI_PLUGINS,
+    "kube-proxy",
+    "kubectl",
+    "helm",
 )
 
 
@@ -420,6 +456,18 @@ class PeerBinaries:
     @property
     def workload(self) -> Path:
         return self.paths["workload"]
+
+    @property
+    def kube_proxy(self) -> Path:
+        return self.paths["kube-proxy"]
+
+    @property
+    def kubectl(self) -> Path:
+        return self.paths["kubectl"]
+
+    @property
+    def helm(self) -> Path:
+        return self.paths["helm"]
 
     def for_kubernetes(self, version: str) -> PeerBinaries:
         """These binaries with the Kubernetes peers of ``version`` under their plain names
@@ -530,36 +578,60 @@ def _cgo_missing(group: PeerGroup, env: Mapping[str, str]) -> list[str]:
     return missing
 
 
-def _ensure_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str], log: Log) -> None:
-    """Install what a cgo build lacks from Debian's packages (as root), or fail saying what.
+def install_debian_packages(packages: Sequence[str], purpose: str, log: Log) -> None:
+    """Install ``packages`` from Debian's archive with apt-get, as root; without root or
+    apt-get, or when the install fails, raise PeerBuildError saying what to install.
 
     The tests' own setup installs what they need, so that ``tox`` works on a fresh machine
     of the kind CI runs on; elsewhere the message says what to install.
     """
-    missing = _cgo_missing(group, env)
-    if not missing:
-        return
     apt = shutil.which("apt-get")
-    if os.geteuid() == 0 and apt is not None:
-        print(f"[peers] installing {' '.join(missing)} (Debian) to build {group.name}", file=log)
-        quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (
-            [apt, "update", "-qq"],
-            [apt, "install", "-qq", "-y", "--no-install-recommends", *missing],
-        ):
-            done = subprocess.run(argv, env=quiet, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise PeerBuildError(
-                    f"cannot install {' '.join(missing)} for {group.name}: {' '.join(argv)} "
-                    f"failed: {done.stderr.strip()[-500:]}. {SUPPLY_HINT}"
-                )
-        missing = _cgo_missing(group, env)
+    if os.geteuid() != 0 or apt is None:
+        raise PeerBuildError(
+            f"{purpose} needs the Debian packages {' '.join(packages)} (or their equivalents): "
+            f"install them, or supply the binaries. {SUPPLY_HINT}"
+        )
+    print(f"[peers] installing {' '.join(packages)} (Debian) for {purpose}", file=log)
+    quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (
+        [apt, "update", "-qq"],
+        [apt, "install", "-qq", "-y", "--no-install-recommends", *packages],
+    ):
+        done = subprocess.run(argv, env=quiet, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise PeerBuildError(
+                f"cannot install {' '.join(packages)} for {purpose}: {' '.join(argv)} "
+                f"failed: {done.stderr.strip()[-500:]}. {SUPPLY_HINT}"
+            )
+
+
+def _ensure_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str], log: Log) -> None:
+    """Install what a cgo build lacks from Debian's packages, or fail saying what."""
+    missing = _cgo_missing(group, env)
+    if missing:
+        install_debian_packages(missing, f"building {', '.join(names)} ({group.name})", log)
+    missing = _cgo_missing(group, env)
     if missing:
         raise PeerBuildError(
             f"cannot build {', '.join(names)} ({group.name}): the cgo build needs the Debian "
             f"packages {' '.join(missing)} (or their equivalents). Install them, or supply "
             f"the binaries. {SUPPLY_HINT}"
         )
+
+
+#: Programs of the machine a peer runs (command -> Debian package), installed with it.
+RUNTIME_TOOLS: Mapping[str, Mapping[str, str]] = {
+    # kube-proxy's nftables mode programs the rules with the nft command.
+    "kube-proxy": {"nft": "nftables"},
+}
+
+
+def _ensure_runtime_tools(names: Iterable[str], log: Log) -> None:
+    for name in names:
+        tools = RUNTIME_TOOLS.get(name, {})
+        missing = sorted({pkg for cmd, pkg in tools.items() if shutil.which(cmd) is None})
+        if missing:
+            install_debian_packages(missing, f"running {name}", log)
 
 
 def build(group: PeerGroup, names: Sequence[str], dest: Path, log: Log = sys.stderr) -> None:
@@ -647,6 +719,7 @@ def ensure_binaries(log: Log = sys.stderr, names: Sequence[str] | None = None) -
     if unknown:
         raise PeerBuildError(f"unknown peers {unknown}; known: {', '.join(group_of)}")
     paths = _supplied(log)
+    _ensure_runtime_tools(wanted, log)
     for group in groups:
         missing = [n for n in wanted if n not in paths and group_of[n] is group]
         if not missing:

@@ -40,6 +40,11 @@ CONTROLLERS = "*,-node-lifecycle-controller"
 
 LOOPBACK = "127.0.0.1"
 
+#: The service CIDR, and the `kubernetes` Service's address in it (its first address), which
+#: pods reach the API server by (KUBERNETES_SERVICE_HOST) where kube-proxy runs.
+SERVICE_CIDR = "10.96.0.0/24"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
 
 def feature_gates_flag(gates: Mapping[str, bool]) -> str:
     """Render gates as the components' --feature-gates value."""
@@ -115,9 +120,14 @@ class ControlPlane:
         feature_gates: Mapping[str, bool] | None = None,
         verbosity: int = 2,
         apiserver_args: Sequence[str] = (),
+        *,
+        address: str = LOOPBACK,
     ) -> None:
         """``feature_gates``: every component's (default: the gates nodedra uses on);
-        ``apiserver_args``: more flags of kube-apiserver."""
+        ``apiserver_args``: more flags of kube-apiserver; ``address``: where the API server
+        listens, loopback by default. Another address (a real node's, in the test run's
+        network namespace) makes it the endpoint of the `kubernetes` Service too, so that
+        pods on a pod network reach it through kube-proxy, as in a real cluster."""
         self.binaries = binaries
         self.workdir = (
             workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-cp-"))
@@ -128,6 +138,7 @@ class ControlPlane:
         )
         self.verbosity = verbosity
         self.apiserver_args = tuple(apiserver_args)
+        self.address = address
         self.processes: dict[str, PeerProcess] = {}
         self.pki_dir = self.workdir / "pki"
         self.ca = CertificateAuthority(self.pki_dir)
@@ -136,7 +147,7 @@ class ControlPlane:
             "apiserver",
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=(LOOPBACK,),
+            ip_addresses=tuple(dict.fromkeys((LOOPBACK, address, KUBERNETES_SERVICE_IP))),
             server=True,
         )
         self.admin = self.ca.issue("admin", "nodedra-test-admin", organizations=("system:masters",))
@@ -279,16 +290,16 @@ class ControlPlane:
 
     def _apiserver_argv(self, port: int | None = None) -> list[str]:
         port = port or free_port()
-        self.url = f"https://{LOOPBACK}:{port}"
+        self.url = f"https://{self.address}:{port}"
+        # The endpoint reconciler refuses loopback addresses: on loopback, nothing reaches
+        # the API server through the `kubernetes` Service.
+        reconciler = ["--endpoint-reconciler-type=none"] if self.address == LOOPBACK else []
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
-            f"--bind-address={LOOPBACK}",
-            f"--advertise-address={LOOPBACK}",
-            # The endpoint reconciler refuses loopback addresses; nothing
-            # in these tests reaches the API server through the
-            # `kubernetes` Service anyway.
-            "--endpoint-reconciler-type=none",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
+            *reconciler,
             f"--secure-port={port}",
             f"--tls-cert-file={self.serving.cert}",
             f"--tls-private-key-file={self.serving.key}",
@@ -296,9 +307,9 @@ class ControlPlane:
             f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            # Only an API setting: Service IPs are allocated from it, no
-            # traffic goes there.
-            "--service-cluster-ip-range=10.96.0.0/24",
+            # Service IPs are allocated from it; traffic goes there only where kube-proxy
+            # runs (a real node with a pod network).
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--kubelet-client-certificate={self.kubelet_client.cert}",
             f"--kubelet-client-key={self.kubelet_client.key}",
             # Kubelets serve with certificates of this CA (tests.peers.node issues them).

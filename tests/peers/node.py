@@ -14,7 +14,12 @@ machine:
 * **Network**: pods use the host network, and the host is the test run's private network
   namespace (`tests.peers.netns`), where the node's address lives on ``lo``. The CNI
   configuration is a loopback-only list: enough for the runtime to report its network ready
-  (so the node becomes Ready); no CNI plugin ever runs.
+  (so the node becomes Ready); no CNI plugin ever runs. With ``pod_network``, pods get a
+  network of their own and kube-proxy runs (`tests.peers.podnet`), still in that namespace.
+* **Host paths**: with ``host_layout``, the node's mount namespace shows its directories at
+  the paths a real node has them (``/var/lib/kubelet``, ``/var/run/cdi``, ``/var/run/nri``,
+  ``/var/lib/nodedra``), so that a DaemonSet's hostPath volumes written for a real node
+  work unchanged; they are bind mounts of the working directory's, which tests read.
 
 Other processes (nodedra, tests) work with the node through what it exposes: the kubelet's
 plugin registry and plugin directories, the CDI directory containerd reads, the NRI socket
@@ -29,6 +34,7 @@ import re
 import shutil
 import socket
 import ssl
+import tarfile
 import tempfile
 import urllib.error
 import urllib.parse
@@ -45,6 +51,7 @@ from tests.peers.controlplane import ControlPlane
 from tests.peers.mountns import PRIVATE_DIRS, MountNamespace
 from tests.peers.netns import NODE_ADDRESS
 from tests.peers.oci import ImageSpec, write_image_archive
+from tests.peers.podnet import KubeProxy, install_cni
 from tests.peers.pods import (
     PAUSE_IMAGE,
     WORKLOAD_CONTAINER,
@@ -123,6 +130,8 @@ class RealNode:
         kubelet_config: Mapping[str, Any] | None = None,
         kubelet_verbosity: int = 2,
         containerd_log_level: str = "info",
+        pod_network: bool = False,
+        host_layout: bool = False,
     ) -> None:
         if containerd_version not in CONTAINERD_VERSIONS:
             raise ValueError(
@@ -144,6 +153,8 @@ class RealNode:
         self.kubelet_config_overrides = dict(kubelet_config or {})
         self.kubelet_verbosity = kubelet_verbosity
         self.containerd_log_level = containerd_log_level
+        self.pod_network = pod_network
+        self.host_layout = host_layout
         for path in (self.workdir, self.cdi_dir, self.nri_socket):
             for private in PRIVATE_DIRS:
                 if path.is_relative_to(private):
@@ -162,16 +173,20 @@ class RealNode:
         self.cni_dir = self.workdir / "cni"
         self.images_dir = self.workdir / "images"
         self.root_dir = self.workdir / "kubelet"
-        """The kubelet's --root-dir (a real node's /var/lib/kubelet)."""
+        """The kubelet's root directory (a real node's /var/lib/kubelet), as the machine sees
+        it; the kubelet itself knows it as `kubelet_root_dir`."""
         self.cert_dir = self.root_dir / "pki"
         self.pod_logs_dir = self.workdir / "log" / "pods"
         self.kubelet_config_path = self.workdir / "kubelet-config.json"
         self.kubeconfig = self.workdir / "kubelet.kubeconfig"
+        self.nodedra_state_dir = self.workdir / "nodedra-state"
+        """With ``host_layout``: the node's /var/lib/nodedra (the DaemonSet's state volume)."""
         self.port = 0
         self.healthz_port = 0
 
         self.containerd: PeerProcess | None = None
         self.kubelet: PeerProcess | None = None
+        self.kube_proxy: KubeProxy | None = None
         self.images: dict[str, str] = {}
         """Images imported into the node: name -> manifest digest."""
         self._started = False
@@ -194,6 +209,26 @@ class RealNode:
         return self.root_dir / "pod-resources" / "kubelet.sock"
 
     @property
+    def kubelet_root_dir(self) -> str:
+        """The kubelet's --root-dir: with ``host_layout`` /var/lib/kubelet in its namespace, as
+        on a real node (the paths of plugin sockets below it then fit a socket address, and
+        the mounts of pod volumes are only seen there)."""
+        return "/var/lib/kubelet" if self.host_layout else str(self.root_dir)
+
+    def host_paths(self) -> dict[str, Path]:
+        """With ``host_layout``: what the node's usual paths show -> the working directory's
+        directory they are (empty without it)."""
+        if not self.host_layout:
+            return {}
+        return {
+            "/var/lib/kubelet": self.root_dir,
+            # /var/run is a link to /run; the namespace's /run is a tmpfs of its own.
+            "/run/cdi": self.cdi_dir,
+            "/run/nri": self.nri_socket.parent,
+            "/var/lib/nodedra": self.nodedra_state_dir,
+        }
+
+    @property
     def containerd_binary(self) -> Path:
         return self.binaries.containerd(self.containerd_version)
 
@@ -202,6 +237,7 @@ class RealNode:
             "containerd": self.workdir / "containerd.log",
             "kubelet": self.workdir / "kubelet.log",
             "mount-namespace": self.namespace.log_path,
+            "kube-proxy": self.workdir / "kube-proxy.log",
         }
 
     def log_tails(self, lines: int = 40) -> dict[str, str]:
@@ -237,6 +273,16 @@ class RealNode:
             self.import_images()
             self.start_kubelet(timeout)
             self.wait_ready(timeout)
+            if self.pod_network:
+                self.kube_proxy = KubeProxy(
+                    self.binaries,
+                    self.cp,
+                    self.node_name,
+                    self.workdir,
+                    env=self._daemon_env(),
+                    argv_prefix=self.namespace.enter([]),
+                )
+                self.kube_proxy.start(timeout)
         except BaseException as err:
             try:
                 self.stop()
@@ -260,6 +306,7 @@ class RealNode:
             self.plugins_dir,
             self.cert_dir,
             self.pod_logs_dir,
+            *self.host_paths().values(),
         ):
             directory.mkdir(parents=True, exist_ok=True)
         # containerd looks up its shim, and the shim runc, by their usual names.
@@ -273,13 +320,19 @@ class RealNode:
             link = self.bin_dir / name
             link.unlink(missing_ok=True)
             link.symlink_to(target)
-        (self.cni_dir / "net.d" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFLIST))
+        if self.pod_network:
+            install_cni(self.binaries, self.cni_dir / "bin", self.cni_dir / "net.d")
+        else:
+            (self.cni_dir / "net.d" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFLIST))
         self.containerd_config.write_text(self._containerd_toml())
         self._write_kubelet_files()
         for stale in remove_stale_cgroup_roots():
             print(f"[node] removed the empty cgroup root of a test run that is gone: {stale}")
         self.cgroups.create()
         self.namespace.start()
+        for shown, directory in self.host_paths().items():
+            self.namespace.run(["mkdir", "-p", shown])
+            self.namespace.run(["mount", "--bind", str(directory), shown])
 
     def stop(self, delete_node: bool = True) -> None:
         """Stop everything of the node and check that nothing is left; idempotent.
@@ -289,6 +342,9 @@ class RealNode:
         still lives in the mount namespace (the shims), and the namespace itself.
         """
         problems: list[str] = []
+        if self.kube_proxy is not None:
+            self.kube_proxy.stop()
+            self.kube_proxy = None
         if self.kubelet is not None:
             self.stop_kubelet()
         stubborn = self.cgroups.kill_all()
@@ -462,6 +518,29 @@ state = {v(state)}
         if missing:
             raise NodeError(f"containerd does not list the imported images {missing}: {listed}")
 
+    def import_image(self, archive: Path, timeout: float = 600.0) -> str:
+        """Import an OCI image archive (tests.peers.oci's, such as nodedra's image of
+        tests.peers.image) into the node's containerd, as if the node had pulled it; returns
+        the image's name, which the archive's index gives."""
+        try:
+            with tarfile.open(archive) as tar:
+                index_file = tar.extractfile("index.json")
+                if index_file is None:
+                    raise KeyError("index.json")
+                index = json.load(index_file)
+            manifest = index["manifests"][0]
+            name = str(manifest["annotations"]["io.containerd.image.name"])
+        except (OSError, tarfile.TarError, KeyError, IndexError, ValueError) as err:
+            raise NodeError(
+                f"{archive} is not an OCI image archive with a named image: {err}"
+            ) from err
+        self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive), timeout=timeout)
+        listed = self.ctr("images", "list", "--quiet").split()
+        if name not in listed:
+            raise NodeError(f"containerd does not list {name} after importing {archive}: {listed}")
+        self.images[name] = str(manifest["digest"])
+        return name
+
     def tasks(self) -> dict[str, int]:
         """The node's running containers: container ID -> PID on the machine (from ``ctr``)."""
         found = {}
@@ -561,7 +640,7 @@ state = {v(state)}
             str(self.binaries.kubelet),
             f"--config={self.kubelet_config_path}",
             f"--kubeconfig={self.kubeconfig}",
-            f"--root-dir={self.root_dir}",
+            f"--root-dir={self.kubelet_root_dir}",
             f"--cert-dir={self.cert_dir}",
             f"--hostname-override={self.node_name}",
             f"--node-ip={self.node_ip}",

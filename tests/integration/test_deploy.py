@@ -1,0 +1,418 @@
+"""nodedra deployed as an admin deploys it: ``kubectl apply -k manifests/`` on a real node.
+
+One cluster for the module (tests.peers.deployment): a control plane of its own, a real node
+with a pod network and kube-proxy, nodedra's image (built without Docker, tests.peers.image)
+and the samples' busybox imported into the node's containerd as if pulled. The manifests are
+applied unchanged: the image they name is the one the node has. The tests run in order, each
+going on from where the one before left the cluster: the DaemonSet runs, the samples run
+pinned, the pod's credentials are what the manifests promise, a rolling update loses nothing,
+and the Helm chart deploys the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import stat
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodedra.topology import parse_cpu_list
+from tests.peers.build import PeerBinaries
+from tests.peers.cluster import poll, resource_slices
+from tests.peers.deployment import NAMESPACE, POD_SELECTOR, DeploymentCluster
+from tests.peers.nodedra_node import MANIFESTS, ROOT, SAMPLES, TOPOLOGY_AWARE
+from tests.peers.pods import online_cpus, proc_status, wait_pod_running
+
+pytestmark = pytest.mark.timeout(900)
+
+DEMO_NAMESPACE = "nodedra-demo"
+DEMO_POD = "numa-cpus"
+DEMO_CONTAINER = "demo"
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    node_binaries: PeerBinaries,
+    dra_gates: dict[str, bool],
+    nodedra_image: Any,
+    busybox_image: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[DeploymentCluster]:
+    """The cluster, with `kubectl apply -k manifests/` done and the rollout finished."""
+    cluster = DeploymentCluster(
+        node_binaries,
+        tmp_path_factory.mktemp("deploy"),
+        dra_gates,
+        [nodedra_image.archive, busybox_image],
+        repo=ROOT,
+    )
+    with cluster:
+        cluster.kubectl("apply", "-k", str(MANIFESTS))
+        cluster.rollout_status()
+        yield cluster
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _slice_uids(cluster: DeploymentCluster) -> dict[str, str]:
+    return {
+        s["metadata"]["name"]: s["metadata"]["uid"]
+        for s in resource_slices(cluster.cp, cluster.node.node_name, TOPOLOGY_AWARE)
+    }
+
+
+def _demo_cpus(cluster: DeploymentCluster) -> tuple[str, frozenset[int]]:
+    """The CPUs the sample was given (its DRA_CPUSET_ variable) and the ones its process may
+    run on (/proc of the machine)."""
+    log = cluster.kubectl("-n", DEMO_NAMESPACE, "logs", DEMO_POD).stdout
+    given = [line.split("=", 1)[1] for line in log.splitlines() if line.startswith("DRA_CPUSET_")]
+    assert len(given) == 1, f"the sample printed no single DRA_CPUSET_ variable:\n{log}"
+    pid = cluster.node.pod_pid(DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER)
+    allowed = parse_cpu_list(proc_status(pid)["Cpus_allowed_list"])
+    return given[0], allowed
+
+
+# -- the DaemonSet ------------------------------------------------------------------------------
+
+
+def test_daemonset_pod_serves_the_node(deployed: DeploymentCluster) -> None:
+    """The pod of the manifests runs with their service account, volumes and probes: Ready
+    means registered with the kubelet, slices published and NRI connected (its /readyz)."""
+    (pod,) = deployed.nodedra_pods()
+    assert _ready(pod), pod.get("status")
+    assert pod["spec"]["nodeName"] == deployed.node.node_name
+    assert pod["spec"]["serviceAccountName"] == "nodedra"
+    assert not pod["spec"].get("hostNetwork"), "the manifests' pod is on the pod network"
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["image"] == "docker.io/library/nodedra:0.1.0"
+    assert container["restartCount"] == 0
+    slices = resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE)
+    assert slices, "no ResourceSlice of the node"
+    owners = {ref["name"] for s in slices for ref in s["metadata"].get("ownerReferences", [])}
+    assert owners == {deployed.node.node_name}
+    log = deployed.node.log_paths()["kubelet"].read_text()
+    assert re.search(r'"Registered DRA plugin" .*driverName="topology-aware\.nri\.io"', log), (
+        "the kubelet never registered nodedra"
+    )
+    # The kubelet reaches the probes on the pod's own address.
+    assert pod["status"]["podIP"].startswith("10.244.0.")
+
+
+def test_samples_run_pinned(deployed: DeploymentCluster) -> None:
+    """`kubectl apply -k manifests/samples/`: the topology-aware sample runs on the CPU it
+    claimed and prints it; the static one waits (no node runs that policy); every other
+    container, nodedra's own included, keeps off the claimed CPU."""
+    deployed.kubectl("apply", "-k", str(SAMPLES))
+    wait_pod_running(deployed.cp, DEMO_NAMESPACE, DEMO_POD, timeout=180)
+    given, allowed = _demo_cpus(deployed)
+    assert parse_cpu_list(given) == allowed, (given, allowed)
+    assert 0 not in allowed, "the sample got reserved CPU 0"
+    static = deployed.kubectl("-n", DEMO_NAMESPACE, "get", "pod", "static-cpus", "-o", "json")
+    assert json.loads(static.stdout)["status"]["phase"] == "Pending"
+    (pod,) = deployed.nodedra_pods()
+    nodedra_pid = deployed.node.pod_pid(NAMESPACE, pod["metadata"]["name"], "nodedra")
+    shared = parse_cpu_list(proc_status(nodedra_pid)["Cpus_allowed_list"])
+    assert shared == parse_cpu_list(online_cpus()) - allowed
+
+
+# -- what the pod may do ------------------------------------------------------------------------
+
+
+def _as_pod(
+    cluster: DeploymentCluster, token: str, method: str, path: str, body: Any = None
+) -> tuple[int, dict[str, Any]]:
+    """A request with the pod's own token: (status, decoded answer)."""
+    context = ssl.create_default_context(cafile=str(cluster.cp.ca.pair.cert))
+    request = urllib.request.Request(
+        cluster.cp.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _slice(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-probe-"},
+        "spec": {
+            "driver": TOPOLOGY_AWARE,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def test_pod_token_names_its_node_and_the_policy_holds_it_there(
+    deployed: DeploymentCluster,
+) -> None:
+    """The kubelet's token for the pod carries the node; with it nodedra may write its own
+    node's slices and no other's, and nothing beyond its ClusterRole."""
+    (pod,) = deployed.nodedra_pods()
+    token = deployed.pod_token(pod)
+    node = deployed.node.node_name
+    status, review = _as_pod(
+        deployed,
+        token,
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    assert status == 201, review
+    user = review["status"]["userInfo"]
+    assert user["username"] == "system:serviceaccount:nodedra:nodedra"
+    assert user["extra"]["authentication.kubernetes.io/node-name"] == [node]
+    assert user["extra"]["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+
+    dry_run = "/apis/resource.k8s.io/v1/resourceslices?dryRun=All"
+    status, answer = _as_pod(deployed, token, "POST", dry_run, _slice(node))
+    assert status == 201, answer
+    other = "other-node"
+    deployed.cp.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}}
+    )
+    try:
+        status, answer = _as_pod(deployed, token, "POST", dry_run, _slice(other))
+    finally:
+        deployed.cp.delete_if_present(f"/api/v1/nodes/{other}")
+    assert status == 403, answer
+    assert (
+        f'nodedra on node "{node}" may only create ResourceSlices of its own node'
+        in (answer["message"])
+    )
+
+    denied = [
+        ("GET", "/api/v1/namespaces/nodedra/secrets", None),
+        ("GET", "/api/v1/namespaces/nodedra/configmaps/nodedra-config", None),
+        ("POST", "/api/v1/namespaces/nodedra/pods", {"apiVersion": "v1", "kind": "Pod"}),
+        ("DELETE", f"/api/v1/nodes/{node}", None),
+        ("GET", "/apis/apps/v1/namespaces/nodedra/daemonsets/nodedra", None),
+        ("GET", "/api/v1/pods", None),
+    ]
+    for method, path, body in denied:
+        status, answer = _as_pod(deployed, token, method, path, body)
+        assert status == 403, (method, path, status, answer)
+
+
+def test_sockets_and_checkpoint_are_root_only(deployed: DeploymentCluster) -> None:
+    """What nodedra leaves on the host, seen from the host: its sockets and its state belong
+    to root and are closed to everyone else."""
+    sockets = [
+        p
+        for directory in (deployed.node.registry_dir, deployed.node.plugins_dir / TOPOLOGY_AWARE)
+        for p in directory.iterdir()
+        if p.is_socket()
+    ]
+    assert len(sockets) >= 2, sockets  # registration and DRA service
+    state = sorted(deployed.node.nodedra_state_dir.rglob("*"))
+    files = [p for p in state if p.is_file()]
+    assert files, "nodedra saved no state in /var/lib/nodedra"
+    for path in [*sockets, *files]:
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (0, 0), path
+        assert stat.S_IMODE(info.st_mode) & 0o077 == 0, (path, oct(info.st_mode))
+    for directory in [
+        deployed.node.plugins_dir / TOPOLOGY_AWARE,
+        *(p for p in state if p.is_dir()),
+    ]:
+        assert stat.S_IMODE(directory.stat().st_mode) & 0o007 == 0, directory
+
+
+# -- a rolling update ---------------------------------------------------------------------------
+
+
+class _PodWatch:
+    """`kubectl get pods --watch` of nodedra's pods: every state each pod was seen in."""
+
+    def __init__(self, cluster: DeploymentCluster) -> None:
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.process = subprocess.Popen(
+            [
+                str(cluster.kubectl.binary),
+                f"--kubeconfig={cluster.kubectl.kubeconfig}",
+                "-n",
+                NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                POD_SELECTOR,
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        decoder = json.JSONDecoder()
+        buffer = ""
+        for chunk in iter(
+            lambda: self.process.stdout.readline() if self.process.stdout else "", ""
+        ):
+            buffer += chunk
+            while buffer.strip():
+                try:
+                    event, end = decoder.raw_decode(buffer.lstrip())
+                except json.JSONDecodeError:
+                    break
+                buffer = buffer.lstrip()[end:]
+                pod = event["object"]
+                self.seen.setdefault(pod["metadata"]["uid"], []).append(pod)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self._reader.join(timeout=10)
+
+    def exit_codes(self, uid: str) -> set[int]:
+        codes = set()
+        for pod in self.seen.get(uid, []):
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated")
+                if terminated:
+                    codes.add(int(terminated["exitCode"]))
+        return codes
+
+
+class _SliceWatch(threading.Thread):
+    """Lists the node's slices every 0.2 s; records every moment there were none."""
+
+    def __init__(self, cluster: DeploymentCluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.empty = 0
+        self.uids: set[str] = set()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            uids = set(_slice_uids(self.cluster).values())
+            self.uids |= uids
+            if not uids:
+                self.empty += 1
+
+
+def _kubelet_log_since(cluster: DeploymentCluster, offset: int) -> str:
+    with open(cluster.node.log_paths()["kubelet"], errors="replace") as log:
+        log.seek(offset)
+        return log.read()
+
+
+def test_rolling_update_loses_nothing(deployed: DeploymentCluster, tmp_path: Path) -> None:
+    """A new image tag, applied through an overlay: the DaemonSet surges, the new pod takes
+    over, the old one exits 0; the driver stays registered, the slices stay, the sample keeps
+    its claim and its CPU, and a claim made after the update is pinned too."""
+    (old,) = deployed.nodedra_pods()
+    before_slices = _slice_uids(deployed)
+    given, allowed = _demo_cpus(deployed)
+    log_offset = deployed.node.log_paths()["kubelet"].stat().st_size
+
+    deployed.node.ctr(
+        "images", "tag", "docker.io/library/nodedra:0.1.0", "docker.io/library/nodedra:0.1.0-update"
+    )
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        # kustomize takes another kustomization only by a relative path, as overlays do.
+        f"resources:\n  - {os.path.relpath(MANIFESTS, overlay)}\n"
+        "images:\n  - name: nodedra\n    newTag: 0.1.0-update\n"
+    )
+    pods = _PodWatch(deployed)
+    slices = _SliceWatch(deployed)
+    slices.start()
+    try:
+        deployed.kubectl("apply", "-k", str(overlay))
+        deployed.rollout_status(timeout=300)
+        new = deployed.wait_single_ready_pod()
+        poll(
+            lambda: pods.exit_codes(old["metadata"]["uid"]) or None,
+            60,
+            lambda: "the old pod's exit",
+        )
+    finally:
+        slices.done.set()
+        slices.join()
+        pods.stop()
+
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert new["spec"]["containers"][0]["image"] == "nodedra:0.1.0-update"
+    assert pods.exit_codes(old["metadata"]["uid"]) == {0}
+    assert slices.empty == 0, "the node had no slices for a while"
+    assert slices.uids == set(before_slices.values()), "slices were deleted and made again"
+    kubelet = _kubelet_log_since(deployed, log_offset)
+    assert "Deleted ResourceSlices" not in kubelet
+    unregistered = re.findall(
+        r'"Unregistered DRA plugin" .*driverName="topology-aware\.nri\.io" .*numPlugins=(\d+)',
+        kubelet,
+    )
+    assert unregistered, "the old pod's plugin was never unregistered"
+    assert all(int(n) >= 1 for n in unregistered), unregistered
+    assert _demo_cpus(deployed) == (given, allowed)
+
+    # The new pod prepares and pins as the old one did.
+    deployed.kubectl("-n", DEMO_NAMESPACE, "delete", "pod", DEMO_POD, "--wait=true")
+    deployed.kubectl("apply", "-k", str(SAMPLES))
+    wait_pod_running(deployed.cp, DEMO_NAMESPACE, DEMO_POD, timeout=180)
+    given_after, allowed_after = _demo_cpus(deployed)
+    assert parse_cpu_list(given_after) == allowed_after
+    assert 0 not in allowed_after
+
+
+# -- the Helm chart -----------------------------------------------------------------------------
+
+
+def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -> None:
+    """`kubectl delete -k manifests/`, then `helm install` of charts/nodedra: the chart's
+    nodedra serves the node, and the claim prepared before keeps its CPU (the state on the
+    host outlives both)."""
+    given, allowed = _demo_cpus(deployed)
+    deployed.kubectl("delete", "-k", str(MANIFESTS), "--wait=true", timeout=300)
+    poll(lambda: not deployed.nodedra_pods() or None, 120, lambda: "nodedra's pods gone")
+    deployed.helm(
+        "install",
+        "nodedra",
+        str(ROOT / "charts" / "nodedra"),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "namespace.create=false",
+        "--wait",
+        "--timeout=5m",
+        timeout=360,
+    )
+    deployed.rollout_status()
+    pod = deployed.wait_single_ready_pod()
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "nodedra"
+    assert resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE)
+    assert _demo_cpus(deployed) == (given, allowed)
+    listed = json.loads(deployed.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in listed] == [("nodedra", "deployed")]
