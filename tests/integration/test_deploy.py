@@ -107,8 +107,17 @@ def test_daemonset_pod_serves_the_node(deployed: DeploymentCluster) -> None:
     assert re.search(r'"Registered DRA plugin" .*driverName="topology-aware\.nri\.io"', log), (
         "the kubelet never registered nodedra"
     )
-    # The kubelet reaches the probes on the pod's own address.
-    assert pod["status"]["podIP"].startswith("10.244.0.")
+    # The kubelet reaches the probes on the pod's own address, and so does a scraper: NRI
+    # connected through the hostPath socket, the devices of the slices published.
+    address = pod["status"]["podIP"]
+    assert address.startswith("10.244.0.")
+    with urllib.request.urlopen(f"http://{address}:9464/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert re.search(r"^nodedra_nri_connected(\{.*\})? 1\.0$", metrics, re.MULTILINE), metrics
+    devices = sum(len(s["spec"].get("devices") or []) for s in slices)
+    published = re.search(r"^nodedra_devices_published(?:\{.*\})? (\S+)$", metrics, re.MULTILINE)
+    assert published is not None, metrics
+    assert float(published.group(1)) == devices
 
 
 def test_samples_run_pinned(deployed: DeploymentCluster) -> None:
@@ -194,7 +203,22 @@ def test_pod_token_names_its_node_and_the_policy_holds_it_there(
     try:
         status, answer = _as_pod(deployed, token, "POST", dry_run, _slice(other))
     finally:
+        # The DaemonSet gave the other Node a pod too (that never runs): gone with it.
         deployed.cp.delete_if_present(f"/api/v1/nodes/{other}")
+        deployed.kubectl(
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pods",
+            f"--field-selector=spec.nodeName={other}",
+            "--force",
+            "--grace-period=0",
+        )
+        poll(
+            lambda: not deployed.nodedra_pods(other) or None,
+            60,
+            lambda: f"no nodedra pod left on {other}",
+        )
     assert status == 403, answer
     assert (
         f'nodedra on node "{node}" may only create ResourceSlices of its own node'
@@ -396,13 +420,18 @@ def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -
     given, allowed = _demo_cpus(deployed)
     deployed.kubectl("delete", "-k", str(MANIFESTS), "--wait=true", timeout=300)
     poll(lambda: not deployed.nodedra_pods() or None, 120, lambda: "nodedra's pods gone")
+    # As charts/nodedra/README.md says: the namespace first, with the Pod Security level
+    # hostPath volumes need, then the release in it.
+    deployed.kubectl("create", "namespace", NAMESPACE)
+    deployed.kubectl(
+        "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=privileged"
+    )
     deployed.helm(
         "install",
         "nodedra",
         str(ROOT / "charts" / "nodedra"),
         "--namespace",
         NAMESPACE,
-        "--create-namespace",
         "--set",
         "namespace.create=false",
         "--wait",

@@ -578,7 +578,12 @@ def _cgo_missing(group: PeerGroup, env: Mapping[str, str]) -> list[str]:
     return missing
 
 
-def install_debian_packages(packages: Sequence[str], purpose: str, log: Log) -> None:
+def install_debian_packages(
+    packages: Sequence[str],
+    purpose: str,
+    log: Log,
+    hint: str = "Install them, or supply the binaries. " + SUPPLY_HINT,
+) -> None:
     """Install ``packages`` from Debian's archive with apt-get, as root; without root or
     apt-get, or when the install fails, raise PeerBuildError saying what to install.
 
@@ -588,8 +593,8 @@ def install_debian_packages(packages: Sequence[str], purpose: str, log: Log) -> 
     apt = shutil.which("apt-get")
     if os.geteuid() != 0 or apt is None:
         raise PeerBuildError(
-            f"{purpose} needs the Debian packages {' '.join(packages)} (or their equivalents): "
-            f"install them, or supply the binaries. {SUPPLY_HINT}"
+            f"{purpose} needs the Debian packages {' '.join(packages)} (or their equivalents). "
+            + hint
         )
     print(f"[peers] installing {' '.join(packages)} (Debian) for {purpose}", file=log)
     quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -601,7 +606,7 @@ def install_debian_packages(packages: Sequence[str], purpose: str, log: Log) -> 
         if done.returncode != 0:
             raise PeerBuildError(
                 f"cannot install {' '.join(packages)} for {purpose}: {' '.join(argv)} "
-                f"failed: {done.stderr.strip()[-500:]}. {SUPPLY_HINT}"
+                f"failed: {done.stderr.strip()[-500:]}. " + hint
             )
 
 

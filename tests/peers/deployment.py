@@ -168,9 +168,19 @@ class DeploymentCluster:
 
     # -- nodedra's pods -------------------------------------------------------------------------
 
-    def nodedra_pods(self) -> list[dict[str, Any]]:
-        """nodedra's pods, oldest first."""
-        done = self.kubectl("-n", NAMESPACE, "get", "pods", "-l", POD_SELECTOR, "-o", "json")
+    def nodedra_pods(self, node_name: str | None = None) -> list[dict[str, Any]]:
+        """nodedra's pods on ``node_name`` (default: the real node), oldest first."""
+        done = self.kubectl(
+            "-n",
+            NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            POD_SELECTOR,
+            f"--field-selector=spec.nodeName={node_name or self.node.node_name}",
+            "-o",
+            "json",
+        )
         pods: list[dict[str, Any]] = json.loads(done.stdout)["items"] if done.stdout else []
         return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
 

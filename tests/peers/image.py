@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.peers.build import Log, _locked, cache_root
+from tests.peers.build import Log, PeerBuildError, _locked, cache_root, install_debian_packages
 from tests.peers.oci import ImageConfig, Layer, write_layers_archive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -347,24 +347,14 @@ def _ensure_debootstrap(log: Log) -> None:
     packages when missing, as root: the build then works on a fresh CI machine; elsewhere
     fail saying what to install."""
     missing = _missing_debootstrap()
-    if not missing:
-        return
-    apt = shutil.which("apt-get")
-    if os.geteuid() == 0 and apt is not None:
-        print(f"[image] installing {' '.join(missing)} (Debian) for the base layer", file=log)
-        quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (
-            [apt, "update", "-qq"],
-            [apt, "install", "-qq", "-y", "--no-install-recommends", *missing],
-        ):
-            done = subprocess.run(argv, env=quiet, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise ImageBuildError(
-                    f"cannot install {' '.join(missing)} to build the image's base layer: "
-                    f"{' '.join(argv)} failed: {done.stderr.strip()[-500:]}. Install them "
-                    f"yourself. {DOCKER_HINT}"
-                )
-        missing = _missing_debootstrap()
+    if missing:
+        try:
+            install_debian_packages(
+                missing, "building the image's base layer", log, "Install them. " + DOCKER_HINT
+            )
+        except PeerBuildError as err:
+            raise ImageBuildError(str(err)) from None
+    missing = _missing_debootstrap()
     if missing:
         raise ImageBuildError(
             f"building the image's base layer needs the Debian packages {' '.join(missing)} "
