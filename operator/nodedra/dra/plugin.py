@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 
 from nodedra.lib import faults
 
-from .cdi import CDIStore
+from .cdi import CDIStore, ClaimSpec
 from .claims import (
     AllocationResult,
     ClaimError,
@@ -72,7 +72,8 @@ class Owner(Protocol):
         """Make the allocation the policy just made durable; raise if that failed.
 
         Called with the lock held, once per claim, before the claim's CDI spec is written:
-        what a container may be started with must already be on disk.
+        what a container may be started with must already be on disk. An owner with a
+        ``commit`` method (see `GroupCommitOwner`) may only note the change here.
         """
         ...
 
@@ -85,6 +86,24 @@ class Owner(Protocol):
 
         Runs on the very thread whose failure it reports, which ``Plugin.stop`` may wait
         for: it must return and leave stopping the plugin to the shutdown it triggers.
+        """
+        ...
+
+
+class GroupCommitOwner(Owner, Protocol):
+    """An owner that makes the changes of a whole request durable at once.
+
+    The kubelet learns of a prepared claim only from the answer, and a container can get a
+    claim's CDI devices only after that: so one write before the claims' specs are written
+    (and before the answer) keeps every guarantee of one write per claim.
+    """
+
+    def commit(self) -> None:
+        """Make every change since the last commit durable, at once.
+
+        The changes are those ``claim_allocated`` and ``claim_released`` announced. On
+        failure, put the policy back to what is durable, then raise. Called with the lock
+        held, once per request, before any CDI spec of the request is written or removed.
         """
         ...
 
@@ -469,10 +488,12 @@ class Plugin:
 
         The kubelet asks for all the claims of a pod at once but records the answer per
         claim and retries the failed ones, so failing them together would only throw away
-        the claims that were prepared.
+        the claims that were prepared. In two phases: the policy allocates every claim and
+        the owner commits them all at once, then their CDI specs are written.
         """
         self._check_allowed()
         answers: dict[str, PrepareResult] = {}
+        staged: list[_Staged] = []
         with self._owner:
             for claim in claims:
                 try:
@@ -481,17 +502,44 @@ class Plugin:
                     answers[""] = PrepareResult(error=err)
                     continue
                 try:
-                    answers[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, claim))
+                    stage = self._stage_claim(ref, claim)
                 except Exception as err:  # one claim's failure, whatever it is, stays its own
-                    error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
-                    log.error("%s", error, extra={"claim": ref})
-                    answers[ref.uid] = PrepareResult(error=error)
+                    answers[ref.uid] = PrepareResult(error=_logged(ref, err))
+                    continue
+                if stage is None:
+                    answers[ref.uid] = PrepareResult(devices=())
+                else:
+                    staged.append(stage)
+            try:
+                self._commit(faults.PREPARE_COMMITTED)
+            except Exception as err:
+                for stage in staged:
+                    error = ClaimError(
+                        f"claim {stage.ref}: committing the allocation failed: {err}"
+                    )
+                    answers[stage.ref.uid] = PrepareResult(error=_logged(stage.ref, error))
+                return answers
+            undone = []
+            for stage in staged:
+                try:
+                    answers[stage.ref.uid] = PrepareResult(devices=self._write_spec(stage))
+                except Exception as err:
+                    answers[stage.ref.uid] = PrepareResult(error=_logged(stage.ref, err))
+                    if self._undo(stage.ref, rollback=not stage.prepared_before):
+                        undone.append(stage.ref)
+            if undone:
+                self._finish_release(undone, faults.UNPREPARE_COMMITTED)
         return answers
 
     def unprepare_resource_claims(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
-        """Release what was prepared for each claim; unknown claims succeed."""
+        """Release what was prepared for each claim; unknown claims succeed.
+
+        In two phases, as a prepare: the policy releases every claim and the owner commits
+        them all at once, then their CDI specs are removed.
+        """
         self._check_allowed()
         answers: dict[str, Exception | None] = {}
+        released: list[ClaimRef] = []
         with self._owner:
             for ref in claims:
                 try:
@@ -499,12 +547,12 @@ class Plugin:
                         raise ClaimError(
                             f"claim {ref.namespace}/{ref.name}: the request has no claim UID"
                         )
-                    self._release_claim(ref)
+                    self._release(ref)
+                    released.append(ref)
                     answers[ref.uid] = None
                 except Exception as err:
-                    error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
-                    log.error("%s", error, extra={"claim": ref})
-                    answers[ref.uid] = error
+                    answers[ref.uid] = _logged(ref, err)
+            answers.update(self._finish_release(released, faults.UNPREPARE_COMMITTED))
         return answers
 
     def _check_allowed(self) -> None:
@@ -556,7 +604,12 @@ class Plugin:
             raise ClaimError(f"claim {ref} is not allocated")
         return claim
 
-    def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+    def _stage_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> _Staged | None:
+        """The first phase of a prepare: the policy allocates, the owner is told.
+
+        None when the claim has nothing of ours to prepare. On failure nothing of a claim
+        not prepared before stays allocated.
+        """
         results = claim_results(claim, self._driver)
         if not results:
             log.warning(
@@ -565,7 +618,7 @@ class Plugin:
                 self._driver,
                 extra={"claim": ref},
             )
-            return ()
+            return None
         claim_configs(claim, self._driver)  # our policies take no parameters, but check them
         try:
             prepared_before = self._cdi.has_claim(ref.uid)
@@ -590,17 +643,21 @@ class Plugin:
                 self._owner.claim_allocated()
             except Exception as err:
                 raise ClaimError(f"claim {ref}: committing the allocation failed: {err}") from err
-            faults.crash_point(faults.PREPARE_COMMITTED)
-            try:
-                names = self._cdi.write_spec(spec, faults.PREPARE_SPEC)
-            except OSError as err:
-                raise ClaimError(
-                    f"claim {ref}: writing its CDI spec to {self._cdi.directory} failed: {err}"
-                ) from err
-            faults.crash_point(faults.PREPARE_WRITTEN)
         except Exception:
-            self._undo(ref, rollback=not prepared_before)
+            if not prepared_before:
+                self._policy.release_claim(ref.uid)  # nothing of it is durable yet
             raise
+        return _Staged(ref, tuple(results), spec, prepared_before)
+
+    def _write_spec(self, stage: _Staged) -> tuple[PreparedDevice, ...]:
+        """The second phase of a prepare, once the allocation is durable: the CDI spec."""
+        try:
+            names = self._cdi.write_spec(stage.spec, faults.PREPARE_SPEC)
+        except OSError as err:
+            raise ClaimError(
+                f"claim {stage.ref}: writing its CDI spec to {self._cdi.directory} failed: {err}"
+            ) from err
+        faults.crash_point(faults.PREPARE_WRITTEN)
         return tuple(
             PreparedDevice(
                 requests=(result.base_request,),
@@ -609,22 +666,23 @@ class Plugin:
                 cdi_device_ids=(name,),
                 share_id=result.share_id,
             )
-            for result, name in zip(results, names, strict=True)
+            for result, name in zip(stage.results, names, strict=True)
         )
 
-    def _undo(self, ref: ClaimRef, *, rollback: bool) -> None:
+    def _undo(self, ref: ClaimRef, *, rollback: bool) -> bool:
         """Undo a failed prepare, unless the claim was prepared before.
 
-        A claim with a spec may have running containers: a failed re-prepare must not take
-        their resources away, so it stays allocated as it was.
+        Returns whether it was released (the release still has to be committed). A claim
+        with a spec may have running containers: a failed re-prepare must not take their
+        resources away, so it stays allocated as it was.
         """
         if not rollback:
             log.warning(
                 "claim %s was prepared before: it stays allocated", ref, extra={"claim": ref}
             )
-            return
+            return False
         try:
-            self._release_claim(ref)
+            self._release(ref)
         except Exception as err:
             log.error(
                 "claim %s: rolling back the failed prepare failed too: %s",
@@ -632,13 +690,11 @@ class Plugin:
                 err,
                 extra={"claim": ref},
             )
+            return False
+        return True
 
-    def _release_claim(self, ref: ClaimRef) -> None:
-        """Release a claim: policy, commit, then spec.
-
-        In that order, what a failure leaves behind is a spec, never an allocation nobody
-        accounts for.
-        """
+    def _release(self, ref: ClaimRef) -> None:
+        """The first phase of a release: the policy releases, the owner is told."""
         try:
             self._policy.release_claim(ref.uid)
         except Exception as err:
@@ -648,15 +704,64 @@ class Plugin:
             self._owner.claim_released()
         except Exception as err:
             raise ClaimError(f"claim {ref}: committing the release failed: {err}") from err
-        faults.crash_point(faults.UNPREPARE_COMMITTED)
+
+    def _finish_release(
+        self, refs: Sequence[ClaimRef], committed: str
+    ) -> dict[str, Exception | None]:
+        """Commit the releases of ``refs``, then remove their specs: policy, commit, spec.
+
+        In that order, what a failure leaves behind is a spec, never an allocation nobody
+        accounts for. Returns the claims that failed now, with why.
+        """
+        failed: dict[str, Exception | None] = {}
+        if not refs:
+            return failed
         try:
-            self._cdi.remove_claim(ref.uid)
-        except OSError as err:
-            raise ClaimError(
-                f"claim {ref}: released, but removing its CDI spec from {self._cdi.directory} "
-                f"failed: {err}"
-            ) from err
-        faults.crash_point(faults.UNPREPARE_REMOVED)
+            self._commit(committed)
+        except Exception as err:
+            for ref in refs:
+                error = ClaimError(f"claim {ref}: committing the release failed: {err}")
+                failed[ref.uid] = _logged(ref, error)
+            return failed
+        for ref in refs:
+            try:
+                self._cdi.remove_claim(ref.uid)
+            except OSError as err:
+                error = ClaimError(
+                    f"claim {ref}: released, but removing its CDI spec from "
+                    f"{self._cdi.directory} failed: {err}"
+                )
+                failed[ref.uid] = _logged(ref, error)
+                continue
+            faults.crash_point(faults.UNPREPARE_REMOVED)
+        return failed
+
+    def _commit(self, committed: str) -> None:
+        """The owner's commit of the request so far.
+
+        Only a `GroupCommitOwner` has one; the others committed each claim already.
+        """
+        commit = getattr(self._owner, "commit", None)
+        if commit is not None:
+            commit()
+        faults.crash_point(committed)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A claim of a prepare request between its two phases."""
+
+    ref: ClaimRef
+    results: tuple[AllocationResult, ...]
+    spec: ClaimSpec
+    prepared_before: bool
+
+
+def _logged(ref: ClaimRef, err: Exception) -> ClaimError:
+    """``err`` as the claim's error (a ClaimError naming it), logged."""
+    error = err if isinstance(err, ClaimError) else _claim_error(ref, err)
+    log.error("%s", error, extra={"claim": ref})
+    return error
 
 
 def _conflicts(refs: Sequence[ClaimRef]) -> dict[str, ClaimError]:

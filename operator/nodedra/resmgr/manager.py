@@ -95,6 +95,10 @@ class ResourceManager:
         """The checkpoint file we wrote or read last; None until the first start."""
         self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
         """What the checkpoint holds as of ``_saved``, readable without the lock."""
+        self._pending: faults.WritePoints | None = None
+        """The request under the lock changed the books since the last save: its kind."""
+        self._durable: State | None = None
+        """The state the checkpoint holds, as last written or read."""
 
     @property
     def policy(self) -> Policy:
@@ -123,8 +127,14 @@ class ResourceManager:
         """Give the lock back; then the runtime is told of the changes made under it.
 
         Not before: the runtime holds its own lock while it asks us about a container, and
-        that question waits for ours.
+        that question waits for ours. A change nobody committed (a request that failed
+        half-way) is committed first: what the lock protects is durable when it is free.
         """
+        if self._pending is not None:
+            try:
+                self.commit()
+            except Exception:
+                log.exception("committing the changes of a request that did not commit failed")
         due, self._updates_due = self._updates_due, False
         self._lock.release()
         if due and self.nri is not None:
@@ -139,18 +149,34 @@ class ResourceManager:
     # The Owner protocol ----------------------------------------------------------------
 
     def claim_allocated(self) -> None:
-        """Save the policy's state: the allocation outlives us from here on.
+        """Note an allocation; ``commit``, at the end of the request, makes it durable.
 
         The containers that must give up its CPUs are told once the lock is released (and
         in any case before a container of the claim starts: its creation updates them).
         """
-        self._save(faults.PREPARE_CHECKPOINT)
+        self._pending = self._pending or faults.PREPARE_CHECKPOINT
         self._books_changed()
 
     def claim_released(self) -> None:
-        """Save the policy's state after a release; its CPUs go back to the shared pool."""
-        self._save(faults.UNPREPARE_CHECKPOINT)
+        """Note a release; its CPUs go back to the shared pool once committed."""
+        self._pending = self._pending or faults.UNPREPARE_CHECKPOINT
         self._books_changed()
+
+    def commit(self) -> None:
+        """Save the policy's state once for the whole request (`GroupCommitOwner`).
+
+        One checkpoint write instead of one per claim. If it fails, the policy takes back
+        what the checkpoint holds (the state before the request), so that what it grants
+        next never rests on an allocation that is not on disk.
+        """
+        points, self._pending = self._pending, None
+        if points is None:
+            return
+        try:
+            self._save(points)
+        except Exception:
+            self._take_back_checkpoint()
+            raise
 
     # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
 
@@ -347,6 +373,7 @@ class ResourceManager:
         }
         state = State(self._policy.name, self.driver, self._policy.snapshot(), reservations)
         self.checkpoint.save(state, crash_points)
+        self._durable = state
         self._saved = self.checkpoint.identity()
         self._take_view()
 
@@ -368,9 +395,25 @@ class ResourceManager:
             self._policy.restore(state.claims)
             self._reservations = _reservations(state)
             self._books_changed()
+            self._durable = state
         self._saved = current
         self._take_view()
         log.info("took back the claims another instance of %s committed", self.driver)
+
+    def _take_back_checkpoint(self) -> None:
+        """Make the policy hold what the checkpoint holds (a commit failed; lock held).
+
+        From the copy of the last state written or read, not from the disk, which just
+        failed us.
+        """
+        durable = self._durable
+        self._policy.restore(durable.claims if durable is not None else {})
+        self._reservations = _reservations(durable) if durable is not None else {}
+        self._books_changed()
+        log.warning(
+            "a commit failed: the policy holds the %d claims of the checkpoint again",
+            len(durable.claims) if durable is not None else 0,
+        )
 
     def _check_owner(self, state: State) -> None:
         if state.policy != self._policy.name and state.claims:

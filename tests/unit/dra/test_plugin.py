@@ -482,7 +482,7 @@ def test_bad_spec_is_refused_before_the_commit(allowed: Rig) -> None:
     rig.policy.edits = [{"env": ["=nameless"]}]
     answers = rig.plugin.node_prepare([ref])
     assert "NAME=VALUE" in str(answers["u1"].error)
-    assert rig.owner.commits == 1  # only the rollback's release, never the allocation
+    assert rig.owner.commits == 0  # nothing was committed, so there is nothing to undo on disk
 
 
 def test_prepare_again_answers_the_same(allowed: Rig) -> None:

@@ -215,3 +215,103 @@ def test_reconfigure_checks_against_the_other_instances_commits(tmp_path: Path) 
     finally:
         old.manager.stop()
         new.manager.stop()
+
+
+# -- one commit per request --------------------------------------------------------------------
+
+
+def results_on(node: Node, index: int) -> list[dict[str, Any]]:
+    """A result on a device of its own for each ``index`` (0-3)."""
+    if node.policy_name == "topology-aware":
+        device = f"cpudevnuma{index:03d}"
+        return [result("req", device, driver=node.driver, pool=NODE, consumedCapacity={"cpu": "2"})]
+    return [result("req", f"cpu{5 + index:03d}", driver=node.driver, pool=NODE)]
+
+
+class CountedSaves:
+    """Counts the checkpoint's writes, and makes them fail while ``failing`` is set."""
+
+    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.failing: Exception | None = None
+        checkpoint = node.manager.checkpoint
+        real = checkpoint.save
+
+        def save(*args: Any, **kwargs: Any) -> None:
+            self.count += 1
+            if self.failing is not None:
+                raise self.failing
+            real(*args, **kwargs)
+
+        monkeypatch.setattr(checkpoint, "save", save)
+
+
+def test_a_request_of_many_claims_writes_the_checkpoint_once(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.manager.start()
+    saves = CountedSaves(node, monkeypatch)
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(3)]
+    answers = node.manager.plugin.node_prepare(refs)
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
+    assert saves.count == 1
+    assert node.manager.policy.claim_uids() == {"u0", "u1", "u2"}
+    saved = json.loads(node.manager.checkpoint.path.read_text())
+    assert set(saved["data"]["claims"]) == {"u0", "u1", "u2"}
+    assert len(node.specs()) == 3
+
+    assert node.manager.plugin.node_unprepare(refs) == dict.fromkeys(["u0", "u1", "u2"])
+    assert saves.count == 2
+    assert node.specs() == []
+    assert json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"] == {}
+
+
+def test_a_failed_commit_fails_the_request_and_keeps_what_was_durable(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims new in the request are given back; one prepared before keeps its CPUs and
+    its spec; the checkpoint stays as it was; a retry then works."""
+    node.manager.start()
+    first = node.add_claim("u0", results_on(node, 0))
+    assert node.manager.plugin.node_prepare([first])["u0"].error is None
+    before_grants = node.manager.policy.grants("u0")
+    before_file = node.manager.checkpoint.path.read_bytes()
+    before_specs = node.specs()
+    saves = CountedSaves(node, monkeypatch)
+    saves.failing = OSError(28, "No space left on device")
+
+    refs = [first, *(node.add_claim(f"u{i}", results_on(node, i)) for i in (1, 2))]
+    answers = node.manager.plugin.node_prepare(refs)
+    for uid in ("u0", "u1", "u2"):
+        assert "committing the allocation failed" in str(answers[uid].error), answers[uid]
+        assert "No space left on device" in str(answers[uid].error)
+    assert node.manager.policy.claim_uids() == {"u0"}
+    assert node.manager.policy.grants("u0") == before_grants
+    assert node.manager.checkpoint.path.read_bytes() == before_file
+    assert node.specs() == before_specs
+    assert node.manager.committed_claims() == {"u0"}
+
+    saves.failing = None
+    answers = node.manager.plugin.node_prepare(refs)
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
+    assert node.manager.policy.grants("u0") == before_grants
+
+
+def test_a_failed_release_commit_keeps_the_claims_and_their_specs(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.manager.start()
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(2)]
+    assert all(a.error is None for a in node.manager.plugin.node_prepare(refs).values())
+    specs = node.specs()
+    saves = CountedSaves(node, monkeypatch)
+    saves.failing = OSError(30, "Read-only file system")
+
+    answers = node.manager.plugin.node_unprepare(refs)
+    assert all("committing the release failed" in str(e) for e in answers.values()), answers
+    assert node.manager.policy.claim_uids() == {"u0", "u1"}
+    assert node.specs() == specs
+
+    saves.failing = None
+    assert node.manager.plugin.node_unprepare(refs) == dict.fromkeys(["u0", "u1"])
+    assert node.specs() == []
