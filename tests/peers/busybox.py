@@ -26,7 +26,7 @@ BUSYBOX_IMAGE = "docker.io/library/busybox:1.35.0"
 BUSYBOX_PACKAGE = "busybox-static"
 BUSYBOX_VERSION = "1.35.0"
 #: The applets the samples' command uses, each a link to /bin/busybox.
-APPLETS = ("sh", "env", "grep", "sleep", "cat", "ls")
+APPLETS = ("sh", "env", "grep", "sleep")
 
 
 def busybox_binary(log: Log = sys.stderr) -> Path:
