@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import ssl
 import stat
 import subprocess
 import threading
@@ -30,7 +29,14 @@ from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import poll, resource_slices
 from tests.peers.deployment import NAMESPACE, POD_SELECTOR, DeploymentCluster
-from tests.peers.nodedra_node import MANIFESTS, ROOT, SAMPLES, TOPOLOGY_AWARE
+from tests.peers.nodedra_node import (
+    MANIFESTS,
+    ROOT,
+    SAMPLES,
+    TOPOLOGY_AWARE,
+    dry_run_create_slice,
+    kube_request,
+)
 from tests.peers.pods import online_cpus, proc_status, wait_pod_running
 
 pytestmark = pytest.mark.timeout(900)
@@ -140,38 +146,6 @@ def test_samples_run_pinned(deployed: DeploymentCluster) -> None:
 # -- what the pod may do ------------------------------------------------------------------------
 
 
-def _as_pod(
-    cluster: DeploymentCluster, token: str, method: str, path: str, body: Any = None
-) -> tuple[int, dict[str, Any]]:
-    """A request with the pod's own token: (status, decoded answer)."""
-    context = ssl.create_default_context(cafile=str(cluster.cp.ca.pair.cert))
-    request = urllib.request.Request(
-        cluster.cp.url + path,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
-            return resp.status, json.load(resp)
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
-def _slice(node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node}-probe-"},
-        "spec": {
-            "driver": TOPOLOGY_AWARE,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
-
-
 def test_pod_token_names_its_node_and_the_policy_holds_it_there(
     deployed: DeploymentCluster,
 ) -> None:
@@ -180,8 +154,8 @@ def test_pod_token_names_its_node_and_the_policy_holds_it_there(
     (pod,) = deployed.nodedra_pods()
     token = deployed.pod_token(pod)
     node = deployed.node.node_name
-    status, review = _as_pod(
-        deployed,
+    status, review = kube_request(
+        deployed.cp,
         token,
         "POST",
         "/apis/authentication.k8s.io/v1/selfsubjectreviews",
@@ -193,15 +167,14 @@ def test_pod_token_names_its_node_and_the_policy_holds_it_there(
     assert user["extra"]["authentication.kubernetes.io/node-name"] == [node]
     assert user["extra"]["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
 
-    dry_run = "/apis/resource.k8s.io/v1/resourceslices?dryRun=All"
-    status, answer = _as_pod(deployed, token, "POST", dry_run, _slice(node))
+    status, answer = dry_run_create_slice(deployed.cp, token, node)
     assert status == 201, answer
     other = "other-node"
     deployed.cp.request(
         "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}}
     )
     try:
-        status, answer = _as_pod(deployed, token, "POST", dry_run, _slice(other))
+        status, answer = dry_run_create_slice(deployed.cp, token, other)
     finally:
         # The DaemonSet gave the other Node a pod too (that never runs): gone with it.
         deployed.cp.delete_if_present(f"/api/v1/nodes/{other}")
@@ -234,7 +207,7 @@ def test_pod_token_names_its_node_and_the_policy_holds_it_there(
         ("GET", "/api/v1/pods", None),
     ]
     for method, path, body in denied:
-        status, answer = _as_pod(deployed, token, method, path, body)
+        status, answer = kube_request(deployed.cp, token, method, path, body)
         assert status == 403, (method, path, status, answer)
 
 
@@ -271,9 +244,7 @@ class _PodWatch:
     def __init__(self, cluster: DeploymentCluster) -> None:
         self.seen: dict[str, list[dict[str, Any]]] = {}
         self.process = subprocess.Popen(
-            [
-                str(cluster.kubectl.binary),
-                f"--kubeconfig={cluster.kubectl.kubeconfig}",
+            cluster.kubectl.argv(
                 "-n",
                 NAMESPACE,
                 "get",
@@ -284,7 +255,7 @@ class _PodWatch:
                 "--output-watch-events",
                 "-o",
                 "json",
-            ],
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

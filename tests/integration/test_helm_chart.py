@@ -29,24 +29,12 @@ from nodedra.settings import Settings, load_settings, split_address
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
 from tests.peers.controlplane import ControlPlane
-from tests.peers.nodedra_node import apply_objects
+from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS, MANIFESTS, ROOT, apply_objects
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "nodedra"
-MANIFESTS = ROOT / "manifests"
 RELEASE = "nodedra"
 
 #: The kinds the chart renders, by scope; a kind in neither fails the tests until it is added.
-CLUSTER_SCOPED = frozenset(
-    {
-        "Namespace",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-        "DeviceClass",
-    }
-)
 NAMESPACED = frozenset({"ServiceAccount", "ConfigMap", "DaemonSet"})
 
 #: Values that change everything the brief of the chart names (test 3 and its dry run).
@@ -347,7 +335,7 @@ def test_helm_lint_strict(tools: Tools, options: tuple[str, ...]) -> None:
 def test_default_values_render_the_kustomize_manifests(tools: Tools) -> None:
     chart = tools.template("nodedra")
     manifests = tools.kustomize()
-    assert {item.obj["kind"] for item in manifests} <= CLUSTER_SCOPED | NAMESPACED
+    assert {item.obj["kind"] for item in manifests} <= CLUSTER_SCOPED_KINDS | NAMESPACED
     # Not vacuous: every file kustomization.yaml lists gives objects, and so both sides do.
     assert len(manifests) >= len(
         yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
@@ -532,7 +520,7 @@ def check_namespace(rendered: Sequence[Rendered], namespace: str) -> None:
     ``namespace``, and nothing names nodedra's namespace when it is another."""
     for item in rendered:
         kind, metadata = item.obj["kind"], item.obj["metadata"]
-        assert kind in CLUSTER_SCOPED | NAMESPACED, f"{item.key}: add {kind} to the scopes"
+        assert kind in CLUSTER_SCOPED_KINDS | NAMESPACED, f"{item.key}: add {kind} to the scopes"
         if kind in NAMESPACED:
             assert metadata.get("namespace") == namespace, item.key
         else:

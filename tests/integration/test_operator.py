@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import ssl
 import stat
 import subprocess
 import sys
@@ -47,7 +46,9 @@ from tests.peers.nodedra_node import (
     ResourcePaths,
     apply_objects,
     delete_pod,
+    dry_run_create_slice,
     env_of_spec,
+    kube_request,
     load_manifests,
     manifest_files,
     pod_identity,
@@ -104,42 +105,6 @@ def wait_cpu_capacity(cp: ControlPlane, node: str, expected: dict[str, str]) -> 
 
 def errors_in(nodedra: NodedraProcess) -> list[str]:
     return [line for line in nodedra.log_text().splitlines() if " ERROR " in line]
-
-
-def kube_request(
-    cp: ControlPlane, token: str, method: str, path: str, body: Any = None
-) -> tuple[int, Any]:
-    """One API request with a bearer token; (status, decoded answer)."""
-    context = ssl.create_default_context(cafile=str(cp.ca.pair.cert))
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(cp.url + path, data=data, method=method)
-    req.add_header("Authorization", f"Bearer {token}")
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, context=context, timeout=30) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
-
-
-def slice_for(node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node}-probe-"},
-        "spec": {
-            "driver": TOPOLOGY_AWARE,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
-
-
-def dry_run_create_slice(cp: ControlPlane, token: str, node: str) -> tuple[int, Any]:
-    return kube_request(
-        cp, token, "POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", slice_for(node)
-    )
 
 
 # -- start-up and shutdown ---------------------------------------------------------------------

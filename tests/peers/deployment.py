@@ -56,9 +56,8 @@ class _Tool:
     def __call__(
         self, *args: str, input: str | None = None, timeout: float = 180.0, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args]
         done = subprocess.run(
-            argv,
+            self.argv(*args),
             input=input,
             capture_output=True,
             text=True,
@@ -74,8 +73,9 @@ class _Tool:
             )
         return done
 
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "-o", "json").stdout)
+    def argv(self, *args: str) -> list[str]:
+        """The command line of ``args`` (for a process the caller runs itself)."""
+        return [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args]
 
 
 class Kubectl(_Tool):

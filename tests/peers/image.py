@@ -37,7 +37,6 @@ Build from the command line (prints the archive's path, size and how long it too
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import glob
 import hashlib
@@ -58,8 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from nodedra import __version__
 from tests.peers.build import Log, PeerBuildError, _locked, cache_root, install_debian_packages
 from tests.peers.oci import ImageConfig, Layer, write_layers_archive
+from tests.peers.process import tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "image"
@@ -165,23 +166,9 @@ class NodedraImage:
     """Of the regular files of the image's layers."""
 
 
-def nodedra_version(init: Path = REPO_ROOT / "operator" / "nodedra" / "__init__.py") -> str:
-    """``nodedra.__version__`` as the sources say it (not as some installed copy does): what
-    the wheel will carry, and so the image's tag."""
-    for node in ast.parse(init.read_text()).body:
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            return node.value.value
-    raise ImageBuildError(f"{init} sets no __version__ string")
-
-
 #: The image's name as manifests/daemonset.yaml says it (``nodedra:<version>``), normalized
 #: as containerd normalizes it.
-DEFAULT_NAME = f"docker.io/library/nodedra:{nodedra_version()}"
+DEFAULT_NAME = f"docker.io/library/nodedra:{__version__}"
 
 _PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 
@@ -248,12 +235,6 @@ def base_key(packages: Sequence[str]) -> str:
 # -- running the build's commands -----------------------------------------------------------
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    with contextlib.suppress(OSError):
-        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
-    return ""
-
-
 def _run(
     argv: Sequence[str],
     transcript: Path,
@@ -307,14 +288,14 @@ def _run(
                     reader.join(5)
                     raise ImageBuildError(
                         f"{what}: {argv[0]} did not finish in {timeout:.0f}s (log: "
-                        f"{transcript}); last lines:\n{_tail(transcript)}\n{hint}"
+                        f"{transcript}); last lines:\n{tail(transcript, 30)}\n{hint}"
                     ) from None
                 print(f"[image] ... {elapsed:.0f}s: {last[0][:150]}", file=log, flush=True)
         reader.join()
     if rc != 0:
         raise ImageBuildError(
             f"{what} failed (exit code {rc} after {time.monotonic() - started:.0f}s; full log: "
-            f"{transcript}). Last lines:\n{_tail(transcript)}\n{hint}"
+            f"{transcript}). Last lines:\n{tail(transcript, 30)}\n{hint}"
         )
 
 

@@ -17,8 +17,10 @@ have. What stands in for the rest of a node:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -74,6 +76,60 @@ STATIC = "static.nri.io"
 #: Environment variables that configure `nodedra run`; they are not inherited from whoever
 #: runs the tests, so an exported NODEDRA_CONFIG cannot change what a test means.
 SETTINGS_ENV = frozenset(flag.env for flag in FLAGS)
+
+
+#: The kinds of manifests/ (and of the chart) that live in no namespace.
+CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DeviceClass",
+    }
+)
+
+
+# -- requests with a pod's own credentials -------------------------------------------------
+
+
+def kube_request(
+    cp: ControlPlane, token: str, method: str, path: str, body: Any = None
+) -> tuple[int, Any]:
+    """One API request with a bearer token; (status, decoded answer)."""
+    context = ssl.create_default_context(cafile=str(cp.ca.pair.cert))
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(cp.url + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def slice_for(node: str) -> dict[str, Any]:
+    """An empty ResourceSlice of the topology-aware driver for ``node``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-probe-"},
+        "spec": {
+            "driver": TOPOLOGY_AWARE,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def dry_run_create_slice(cp: ControlPlane, token: str, node: str) -> tuple[int, Any]:
+    """Whether ``token`` may create a slice of ``node`` (admission runs, nothing is stored)."""
+    return kube_request(
+        cp, token, "POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", slice_for(node)
+    )
 
 
 # -- manifests ----------------------------------------------------------------------------

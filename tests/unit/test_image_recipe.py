@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from nodedra import __version__
 from tests.peers import image
 from tests.peers.oci import (
     MEDIA_CONFIG,
@@ -414,7 +415,7 @@ def test_base_key_changes_with_the_packages_only() -> None:
 
 def test_default_name_is_the_daemonsets_image() -> None:
     daemonset = (image.REPO_ROOT / "manifests" / "daemonset.yaml").read_text()
-    version = image.nodedra_version()
+    version = __version__
     assert f"image: nodedra:{version}" in daemonset
     assert f"docker.io/library/nodedra:{version}" == image.DEFAULT_NAME
 

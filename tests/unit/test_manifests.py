@@ -17,6 +17,7 @@ from nodedra.nri import DEFAULT_SOCKET
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS
 from tests.peers.busybox import BUSYBOX_IMAGE
+from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -24,16 +25,6 @@ SAMPLES = MANIFESTS / "samples"
 NAMESPACE = "nodedra"
 SAMPLES_NAMESPACE = "nodedra-demo"
 SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:nodedra"
-
-#: Kinds that live in no namespace.
-CLUSTER_SCOPED = {
-    "Namespace",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "DeviceClass",
-}
 
 #: Exactly what nodedra does with the API: (apiGroup, resource) -> verbs.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
@@ -147,7 +138,7 @@ def test_objects_are_complete_and_in_their_namespace(directory: Path, namespace:
         assert obj.get("apiVersion"), where
         assert obj.get("kind"), where
         assert obj.get("metadata", {}).get("name"), where
-        if obj["kind"] in CLUSTER_SCOPED:
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"], where
         else:
             assert obj["metadata"].get("namespace") == namespace, where

@@ -175,7 +175,7 @@ class ResourceManager:
         try:
             self._save(points)
         except Exception:
-            self._take_back_checkpoint()
+            self._take_back_durable()
             raise
 
     # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
@@ -400,7 +400,7 @@ class ResourceManager:
         self._take_view()
         log.info("took back the claims another instance of %s committed", self.driver)
 
-    def _take_back_checkpoint(self) -> None:
+    def _take_back_durable(self) -> None:
         """Make the policy hold what the checkpoint holds (a commit failed; lock held).
 
         From the copy of the last state written or read, not from the disk, which just
