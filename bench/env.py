@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,8 @@ class Spawned:
 
     name: str
     process: PeerProcess
+    metrics_url: str | None = None
+    """``nodedra run``'s /metrics."""
 
     @property
     def pid(self) -> int:
@@ -154,6 +157,17 @@ class Spawned:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a grace period."""
         self.process.stop()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of its /metrics (``labels`` as written there, ``result="written"``)."""
+        assert self.metrics_url is not None, f"{self.name} serves no metrics"
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as answer:
+            text = answer.read().decode()
+        series = f"{name}{{{labels}}}" if labels else name
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(f"{self.name}: no {series} on {self.metrics_url}")
 
 
 class BenchCluster:
@@ -273,6 +287,11 @@ class BenchCluster:
         ]
         return self.spawn(f"nodedra-manager-{node}", argv, env=python_env())
 
+    def dependency_floor(self) -> Spawned:
+        """``python -m bench.floor_proc``: nodedra's imports and two idle gRPC servers."""
+        argv = [sys.executable, "-m", "bench.floor_proc", f"--workdir={self.workdir / 'floor'}"]
+        return self.spawn("dependency-floor", argv, env=python_env())
+
     def nodedra_run(
         self,
         node: str,
@@ -288,6 +307,7 @@ class BenchCluster:
             (directory / sub).mkdir(parents=True, exist_ok=True)
         config = directory / "config.yaml"
         config.write_text("policy: topology-aware\n")
+        metrics = f"{LOOPBACK}:{free_port()}"
         argv = [
             sys.executable,
             "-m",
@@ -301,13 +321,15 @@ class BenchCluster:
             f"--state-dir={directory / 'state'}",
             f"--sysfs={sysfs}",
             f"--config={config}",
-            f"--metrics-address={LOOPBACK}:{free_port()}",
+            f"--metrics-address={metrics}",
             f"--health-address={LOOPBACK}:{free_port()}",
             "--pinning=off",
         ]
         env = python_env()
         env["NODEDRA_WATCH_CLAIMS"] = "true" if watch_claims else "false"
-        return self.spawn(name, argv, env=env)
+        spawned = self.spawn(name, argv, env=env)
+        spawned.metrics_url = f"http://{metrics}/metrics"
+        return spawned
 
 
 def python_env() -> dict[str, str]:

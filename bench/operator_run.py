@@ -93,15 +93,19 @@ def _process(
         GO_DRIVER,
         lambda: env.go_driver(NODE, kubelet.registry_dir, devices=4, name="go-operator-node"),
     )
-    settle([op.pid], plan.settle_seconds)
+    floor = env.dependency_floor()
+    settle([op.pid, floor.pid], plan.settle_seconds)
     started_cpu = usage(op.pid).cpu_seconds
-    with Sampler(go.pid) as go_idle:
+    with Sampler(go.pid) as go_idle, Sampler(floor.pid) as floor_idle:
         idle = measure(op.pid, plan.idle_seconds)
+    floor.stop()
     say(
         f"  nodedra run: socket {start['socket']:.2f} s, registered {start['registered']:.2f} s "
         f"after start; idle RSS "
         f"{idle.rss_end / MIB:.0f} MiB, {idle.cpu_percent:.2f}% CPU "
-        f"(Go: {go_idle.result().rss_end / MIB:.0f} MiB, {go_idle.result().cpu_percent:.2f}%)"
+        f"(Go: {go_idle.result().rss_end / MIB:.0f} MiB, {go_idle.result().cpu_percent:.2f}%; "
+        f"the dependencies' floor: {floor_idle.result().rss_end / MIB:.0f} MiB, "
+        f"{floor_idle.result().cpu_percent:.2f}%)"
     )
     load = [_load(env, kubelet, op, size, plan) for size in sorted(plan.operator_iterations)]
     for row in load:
@@ -137,6 +141,7 @@ def _process(
             "rss_high_water_mib": round(go_usage.hwm_bytes / MIB, 1),
             "restore_after_wipe_seconds": restored["go"],
         },
+        "dependency_floor": {"idle": floor_idle.result().as_json()},
     }
 
 

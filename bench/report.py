@@ -110,17 +110,34 @@ def _prepare(prepare: dict[str, Any]) -> list[str]:
         ),
         "",
         "claims/s: claims prepared and unprepared per second of wall time; CPU ms/claim: "
-        "the driver process's CPU time per claim prepared and unprepared. go-durable is the "
-        "Go driver keeping a durable record of each claim.",
+        "the driver process's CPU time per claim prepared and unprepared. nodedra is "
+        "`nodedra run` as deployed (kopf, the claim watch, metrics, the claim status writes, "
+        "whose CPU is counted until it is quiet after each round); manager is its resource "
+        "manager alone in a process (plugin, policy, checkpoint); go-durable is the Go driver "
+        "keeping a durable record of each claim.",
         "",
-        "nodedra / Go (latency: lower is better; throughput: higher is better):",
+        "Claim status writes `nodedra run` made per claim prepared and unprepared (they wait "
+        "until the kubelet has been quiet for 0.25 s, or 2 s at most, and a claim queued "
+        "again meanwhile is written once, in its newest state): "
+        + ", ".join(
+            f"{c['case']} claims: {c['status_writes_per_claim_cycle']:.3f}"
+            for c in prepare["cases"]
+            if c["driver"] == "nodedra"
+        )
+        + ".",
+        "",
+        "nodedra run / Go (latency: lower is better; throughput: higher is better):",
         "",
         *_table(header, ratio_rows("nodedra_over_go")),
         "",
-        "nodedra / the Go driver with a durable record per claim (`go-durable`: file written, "
-        "fsynced, renamed, directory fsynced, before the CDI spec; so is the removal):",
+        "nodedra run / the Go driver with a durable record per claim (`go-durable`: file "
+        "written, fsynced, renamed, directory fsynced, before the CDI spec; so is the removal):",
         "",
         *_table(header, ratio_rows("nodedra_over_durable_go")),
+        "",
+        "nodedra's manager process / Go:",
+        "",
+        *_table(header, ratio_rows("manager_over_go")),
         "",
         f"Aim, one-claim prepare p99 within {aim['target_prepare_p99_ratio']}x of Go: "
         f"{_x(aim.get('prepare_p99_ratio'))}, **{verdict}** (met in {aim.get('rounds_met')} "
@@ -184,57 +201,65 @@ def _writes(writes: dict[str, int] | None) -> str:
 def _process(results: dict[str, Any]) -> list[str]:
     ours = results["operator"]["process"]["nodedra"]
     go = results["operator"]["process"]["go"]
+    floor = results["operator"]["process"].get("dependency_floor", {}).get("idle", {})
     prepare = results.get("prepare", {})
     by = {(c["driver"], c["case"]): c for c in prepare.get("cases", [])}
     manager_start = prepare.get("start_seconds", {}).get("nodedra_manager", {})
-    manager_idle = prepare.get("idle", {}).get("nodedra", {})
+    manager_idle = prepare.get("idle", {}).get("manager", {})
     rows: list[list[object]] = [
         [
             "start to registration socket (s)",
             ours["start_seconds"]["socket"],
             manager_start.get("socket"),
             go["start_seconds"]["socket"],
+            None,
         ],
         [
             "start to registered by the kubelet (s)",
             ours["start_seconds"]["registered"],
             manager_start.get("registered"),
             go["start_seconds"]["registered"],
+            None,
         ],
         [
             "idle RSS (MiB)",
             ours["idle"]["rss_end_mib"],
             manager_idle.get("rss_end_mib"),
             go["idle"]["rss_end_mib"],
+            floor.get("rss_end_mib"),
         ],
         [
             "idle CPU (% of a core)",
             ours["idle"]["cpu_percent"],
             manager_idle.get("cpu_percent"),
             go["idle"]["cpu_percent"],
+            floor.get("cpu_percent"),
         ],
     ]
     for load in ours["load"]:
         size = str(load["claims"])
-        manager, go_case = by.get(("nodedra", size)), by.get(("go", size))
+        manager, go_case = by.get(("manager", size)), by.get(("go", size))
         rows += [
             [
                 f"peak RSS, {size}-claim requests (MiB)",
                 load["window"]["rss_peak_mib"],
                 manager["rss_peak_mib"] if manager else None,
                 go_case["rss_peak_mib"] if go_case else None,
+                None,
             ],
             [
                 f"CPU ms per claim, {size}-claim requests",
                 load["cpu_ms_per_claim_cycle_with_status_writes"],
                 manager["cpu_ms_per_claim_cycle"] if manager else None,
                 go_case["cpu_ms_per_claim_cycle"] if go_case else None,
+                None,
             ],
             [
                 f"prepare p50 / p99 ms, {size}-claim requests",
                 _pair(load),
                 _pair(manager),
                 _pair(go_case),
+                None,
             ],
         ]
     rows.append(
@@ -243,6 +268,7 @@ def _process(results: dict[str, Any]) -> list[str]:
             ours["restore_after_wipe_seconds"],
             None,
             go["restore_after_wipe_seconds"],
+            None,
         ]
     )
     idle_ok = ours["idle"]["rss_end_mib"] < 100
@@ -259,12 +285,14 @@ def _process(results: dict[str, Any]) -> list[str]:
     return [
         "### Processes: `nodedra run` (watch on), nodedra's manager alone, the Go driver",
         "",
-        *_table(["", "nodedra run", "manager process", "Go driver"], rows),
+        *_table(["", "nodedra run", "manager process", "Go driver", "dependencies"], rows),
         "",
         f"Aim, idle RSS of `nodedra run` under 100 MiB: {ours['idle']['rss_end_mib']:.0f} MiB, "
         f"**{'met' if idle_ok else 'NOT met'}**. Under load, `nodedra run`'s CPU includes the "
         "claim status writes its requests queue (counted until it is quiet again); the "
-        "manager and Go columns are from the prepare benchmark. The kubelet's plugin "
+        "manager and Go columns are from the prepare benchmark. dependencies: a Python "
+        "process that imports kopf, the kubernetes client, grpcio, prometheus-client and PyYAML "
+        "and serves two idle gRPC servers, nodedra's floor. The kubelet's plugin "
         "manager reconciles once a second, hence registration about 1 s after the socket." + spread,
         "",
     ]

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError, RequestReport
 from nodedra.dra.claims import AllocationResult, ClaimError, claim_ref, claim_results
+from nodedra.observability import StatusCounts
 from nodedra.policy import Grant
 from nodedra.resmgr import ResourceManager
 from nodedra.topology import format_cpu_list
@@ -136,49 +138,105 @@ def _quoted(text: str) -> bytes:
     return json.dumps(text).encode()
 
 
+QUIET_SECONDS = 0.25
+"""Status writes wait until the kubelet has sent no request for this long..."""
+MAX_DELAY_SECONDS = 2.0
+"""...or until a claim's status has waited this long."""
+
+
 class StatusWriter:
     """Writes our entries of ``status.devices`` of the claims that changed, in a thread.
 
-    Kubelet requests only enqueue: the kubelet must not wait for a status write. What is
-    written is what the checkpoint holds for the claim, compared with the claim as it was
-    last seen (fetched by the prepare, or delivered by the watch), so that a claim whose
-    status is already right costs no API call at all.
+    Kubelet requests only enqueue: the kubelet must not wait for a status write, nor
+    compete with one for the CPU and the GIL. So the writer waits until the kubelet has been
+    quiet for ``quiet`` seconds (a burst of pod starts is served first), or until a claim
+    has waited ``max_delay`` seconds, and a claim queued again before its turn is looked at
+    once, in its newest state: a claim prepared and unprepared within the delay costs no
+    write. What is written is what the checkpoint holds for the claim, compared with the
+    claim as it was last seen (fetched by the prepare, or delivered by the watch), so that
+    a claim whose status is already right costs no API call at all.
     """
 
-    def __init__(self, api: ClusterAPI, manager: ResourceManager, node_name: str) -> None:
+    def __init__(
+        self,
+        api: ClusterAPI,
+        manager: ResourceManager,
+        node_name: str,
+        *,
+        quiet: float = QUIET_SECONDS,
+        max_delay: float = MAX_DELAY_SECONDS,
+    ) -> None:
         self._api = api
         self._manager = manager
         self._field_manager = f"nodedra-{node_name}"
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._quiet = quiet
+        self._max_delay = max_delay
+        self._pending: dict[str, _Job] = {}  # by claim UID, in the order first queued
+        self._last_request = -math.inf
+        self._stopping = False
+        self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._written = self._unchanged = self._failed = 0
+
+    def counts(self) -> StatusCounts:
+        """Writes made, skipped and failed so far."""
+        return StatusCounts(self._written, self._unchanged, self._failed)
 
     def start(self) -> None:
         """Start the writer thread."""
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Finish what is queued, then stop."""
+        """Write what is queued without waiting any longer, then stop."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._queue.put(None)
+            with self._changed:
+                self._stopping = True
+                self._changed.notify()
             thread.join()
 
     def enqueue(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> None:
         """Bring claim ``ref``'s status up to date soon; ``claim`` is how it looks now, if known."""
-        self._queue.put((ref, claim))
+        with self._changed:
+            self._queue(ref, claim)
+            self._changed.notify()
 
     def request_done(self, report: RequestReport) -> None:
         """After a kubelet request: the claims it changed need their status written."""
-        for ref in report.claims:
-            if report.errors.get(ref.uid) is None and ref.name:
-                self.enqueue(ref, report.fetched.get(ref.uid))
+        with self._changed:
+            self._last_request = time.monotonic()
+            for ref in report.claims:
+                if report.errors.get(ref.uid) is None and ref.name:
+                    self._queue(ref, report.fetched.get(ref.uid))
+            self._changed.notify()
+
+    def _queue(self, ref: ClaimRef, claim: Mapping[str, Any] | None) -> None:
+        """Queue the newest state of a claim, keeping its place and age if already queued.
+
+        The newest state wins: a snapshot taken by a prepare is newer than the queued job,
+        and a job without one (an unprepare's) makes the writer read the claim afresh.
+        """
+        queued = self._pending.get(ref.uid)
+        since = queued.since if queued is not None else time.monotonic()
+        self._pending[ref.uid] = _Job(ref, claim, since)
 
     def write(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> bool:
         """Make the claim's status name what we hold for it; whether a write was needed.
 
         ``claim`` is the claim as last seen; without it, it is read from the API server.
         """
+        written = self._write(ref, claim)
+        if written is None:
+            self._failed += 1
+        elif written:
+            self._written += 1
+        else:
+            self._unchanged += 1
+        return bool(written)
+
+    def _write(self, ref: ClaimRef, claim: Mapping[str, Any] | None) -> bool | None:
         try:
             if claim is None:
                 claim = self._api.get_claim(ref.namespace, ref.name)
@@ -186,11 +244,12 @@ class StatusWriter:
                 return False  # replaced or gone: nothing of ours to describe
             results = claim_results(claim, self._manager.driver)
         except (KubeAPIError, ClaimError) as err:
-            if not (isinstance(err, KubeAPIError) and err.not_found):
-                log.warning(
-                    "claim %s: cannot read it for its status: %s", ref, err, extra={"claim": ref}
-                )
-            return False
+            if isinstance(err, KubeAPIError) and err.not_found:
+                return False
+            log.warning(
+                "claim %s: cannot read it for its status: %s", ref, err, extra={"claim": ref}
+            )
+            return None
         desired = status_entries(results, self._manager.committed_grants(ref.uid))
         current = [
             d
@@ -203,19 +262,43 @@ class StatusWriter:
             self._api.apply_claim_status(ref, desired, self._field_manager)
         except KubeAPIError as err:
             log.warning("claim %s: writing its status failed: %s", ref, err, extra={"claim": ref})
-            return False
+            return None
         return True
 
+    def _next(self) -> _Job | None:
+        """The next claim to write once its time has come; None to stop."""
+        with self._changed:
+            while True:
+                if not self._pending:
+                    if self._stopping:
+                        return None
+                    self._changed.wait()
+                    continue
+                uid, job = next(iter(self._pending.items()))
+                now = time.monotonic()
+                wait = min(self._last_request + self._quiet, job.since + self._max_delay) - now
+                if self._stopping or wait <= 0:
+                    del self._pending[uid]
+                    return job
+                self._changed.wait(wait)
+
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            ref, claim = job
+        while (job := self._next()) is not None:
             try:
-                self.write(ref, claim)
+                self.write(job.ref, job.claim)
             except Exception:  # one claim's trouble must not stop the writer
-                log.exception("claim %s: writing its status failed", ref, extra={"claim": ref})
+                self._failed += 1
+                log.exception(
+                    "claim %s: writing its status failed", job.ref, extra={"claim": job.ref}
+                )
 
 
-_Job = tuple[ClaimRef, Mapping[str, Any] | None]
+@dataclass(frozen=True)
+class _Job:
+    ref: ClaimRef
+    claim: Mapping[str, Any] | None
+    since: float
+    """When the claim was first queued."""
 
 
 def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:

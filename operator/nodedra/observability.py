@@ -70,9 +70,22 @@ class ClaimWatchCounts:
     """Watch events dropped unparsed: other nodes' and other drivers' claims."""
 
 
+@dataclass(frozen=True)
+class StatusCounts:
+    """What the claim status writer has done so far."""
+
+    written: int
+    unchanged: int
+    """Claims looked at whose status was already right, or that were gone: no write."""
+    failed: int
+
+
 class _ClaimWatchCollector(Collector):
-    def __init__(self, counts: Callable[[], ClaimWatchCounts]) -> None:
+    def __init__(
+        self, counts: Callable[[], ClaimWatchCounts], status: Callable[[], StatusCounts]
+    ) -> None:
         self._counts = counts
+        self._status = status
 
     def collect(self) -> Iterable[Metric]:
         counts = self._counts()
@@ -94,6 +107,20 @@ class _ClaimWatchCollector(Collector):
         events.add_metric(["true"], counts.parsed)
         events.add_metric(["false"], counts.skipped)
         yield events
+        status = self._status()
+        writes = CounterMetricFamily(
+            "nodedra_claim_status_writes",
+            "Claims whose status.devices was brought up to date, by result "
+            "(unchanged: it was right already, no write).",
+            labels=["result"],
+        )
+        for result, value in (
+            ("written", status.written),
+            ("unchanged", status.unchanged),
+            ("failed", status.failed),
+        ):
+            writes.add_metric([result], value)
+        yield writes
 
 
 class _UsageCollector(Collector):
@@ -201,9 +228,11 @@ class Metrics:
         )
         self.registry.register(_UsageCollector(usage))
 
-    def count_claim_watch(self, counts: Callable[[], ClaimWatchCounts]) -> None:
-        """Show the ResourceClaim watch's counts (when the watch is on)."""
-        self.registry.register(_ClaimWatchCollector(counts))
+    def count_claim_watch(
+        self, counts: Callable[[], ClaimWatchCounts], status: Callable[[], StatusCounts]
+    ) -> None:
+        """Show the ResourceClaim watch's and the status writer's counts (watch on)."""
+        self.registry.register(_ClaimWatchCollector(counts, status))
 
     def request_done(self, report: RequestReport) -> None:
         """Count a kubelet request (the plugin's RequestObserver)."""

@@ -22,6 +22,7 @@ from nodedra.claimfeed import ClaimFeed
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
+from nodedra.dra.requests import FETCH_WORKERS
 from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, load_config, make_policy
@@ -44,6 +45,10 @@ def kube_client(settings: Settings) -> k8s.ApiClient:
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=configuration
             )
+        # One kept-alive connection for each claim a request fetches at once, plus the
+        # status writer, the publisher and the watch: not the client's CPUs * 5, which on
+        # a small node would close connections after use and pay a TLS handshake per GET.
+        configuration.connection_pool_maxsize = FETCH_WORKERS + 4
         return k8s.ApiClient(configuration)
     except (k8s_config.ConfigException, OSError) as err:
         where = settings.kubeconfig or "the in-cluster service account"
@@ -151,7 +156,7 @@ class Runtime:
             self.status = StatusWriter(api, self.manager, settings.node_name)
             observers.add(self.status)
             self.claims = ClaimFeed(self.api_client, self.index, self.status.enqueue)
-            self.metrics.count_claim_watch(self.claims.counts)
+            self.metrics.count_claim_watch(self.claims.counts, self.status.counts)
         self.orphans = OrphanTracker(
             self.index, self.manager.committed_claims, settings.orphan_grace
         )

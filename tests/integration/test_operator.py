@@ -303,6 +303,26 @@ def expected_grant(
     return len(NUMA_CPUS[numa] - {0}), int(parse_quantity(device["capacity"]["memory"]["value"]))
 
 
+def status_writes(nodedra: NodedraProcess, more_than: float) -> float:
+    """Wait until nodedra counts more than ``more_than`` claim status writes; the count.
+
+    It counts after the server answered, so after the status is seen; a watch event older
+    than the write, arriving just after it, may cost one more (harmless) write.
+    """
+    labels = {"result": "written"}
+
+    def counted() -> float:
+        return nodedra.metric("nodedra_claim_status_writes_total", labels) or 0.0
+
+    count = poll(
+        lambda: counted() if counted() > more_than else None,
+        10,
+        lambda: f"more than {more_than} status writes, counted {counted()}",
+    )
+    assert nodedra.metric("nodedra_claim_status_writes_total", {"result": "failed"}) == 0
+    return count
+
+
 def test_pod_claim_is_prepared_and_described_in_its_status(
     workload_controllers: ControlPlane,
     cluster_profile: ClusterProfile,
@@ -355,6 +375,7 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
     }
     assert entry.get("shareID") == result.get("shareID")
     assert nodedra.metric("nodedra_claim_watch_lists_total") == 1  # one list per start
+    written = status_writes(nodedra, 0)
     assert nodedra.metric("nodedra_requests_total", {"kind": "prepare", "result": "ok"}) == 1
     assert nodedra.metric("nodedra_claims_held") == 1
     assert nodedra.metric("nodedra_cpus_allocated", {"numa_node": str(numa)}) == want_cpus
@@ -366,6 +387,7 @@ def test_pod_claim_is_prepared_and_described_in_its_status(
 
     assert not spec_path.exists()
     wait_claim_status(cp, namespace, claim["metadata"]["name"], TOPOLOGY_AWARE, present=False)
+    status_writes(nodedra, written)
     assert nodedra.metric("nodedra_requests_total", {"kind": "unprepare", "result": "ok"}) == 1
     assert nodedra.metric("nodedra_claims_held") == 0
     state = Checkpoint(nodedra.dirs.checkpoint).load()

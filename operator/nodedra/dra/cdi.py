@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import yaml
 
 from nodedra.lib import faults
-from nodedra.lib.durable import fsync_directory, remove_leftovers, replace_file
+from nodedra.lib.durable import remove_leftovers, replace_file
 
 from .names import (
     CDI_CLASS,
@@ -421,6 +421,10 @@ class CDIStore:
         may not run as our user, must be able to list it; the file is 0644 for the same
         reason. The temporary file's name ends in ``.tmp``, which runtimes watching the
         directory ignore (they load only ``.json`` and ``.yaml``).
+
+        The rename is not made durable with a directory fsync, as CDI writers do not make
+        it: specs are transient (the tmpfs vanishes on reboot and a re-prepare writes them
+        again); the checkpoint, saved before, is the durable record.
         """
         data = yaml.safe_dump(dict(spec.content), sort_keys=False, explicit_start=True)
         replace_file(
@@ -429,6 +433,7 @@ class CDIStore:
             mode=_SPEC_MODE,
             dir_mode=_DIR_MODE,
             crash_points=crash_points,
+            sync_directory=False,
         )
         return list(spec.device_ids)
 
@@ -453,7 +458,6 @@ class CDIStore:
             except FileNotFoundError:
                 return
             raise
-        fsync_directory(self._directory)
 
     def has_claim(self, uid: str) -> bool:
         """Whether claim ``uid`` has a spec.

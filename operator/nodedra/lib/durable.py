@@ -2,9 +2,9 @@
 
 The checkpoint and the CDI specs are both written this way: a temporary file in the same
 directory (its name starts with "." and ends in ".tmp", which CDI runtimes watching the
-directory ignore), written and fsynced, renamed over the target, and then the directory
-fsynced so that the rename itself survives a power cut. Readers see the old file or the new
-one, never a partial one.
+directory ignore), written and fsynced, renamed over the target, and then, for the
+checkpoint, the directory fsynced so that the rename itself survives a power cut. Readers
+see the old file or the new one, never a partial one.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ def replace_file(
     mode: int = 0o600,
     dir_mode: int = 0o700,
     crash_points: faults.WritePoints | None = None,
+    sync_directory: bool = True,
 ) -> None:
     """Make ``data`` the content of ``path``, atomically and durably; raise on failure.
 
     The directory is created (with ``dir_mode``) if missing. On failure the temporary file
     is removed and ``path`` is as it was. ``crash_points`` name the places inside the
-    sequence where the reliability tests may kill the process.
+    sequence where the reliability tests may kill the process. Without
+    ``sync_directory`` a power cut may undo the rename (never a process crash): for files
+    that a restart writes again anyway.
     """
     directory = path.parent
     directory.mkdir(mode=dir_mode, parents=True, exist_ok=True)
@@ -51,7 +54,8 @@ def replace_file(
         raise
     if crash_points is not None:
         faults.crash_point(crash_points.renamed)
-    fsync_directory(directory)
+    if sync_directory:
+        fsync_directory(directory)
 
 
 def remove_leftovers(directory: Path, target_prefix: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, RequestReport
+from nodedra.observability import StatusCounts
 from nodedra.policy import PolicyConfig
 from nodedra.topology import format_cpu_list
 from tests.unit.dra.fakes import NODE, make_claim, result
@@ -138,6 +140,64 @@ def prepared(ref: ClaimRef, claim: dict[str, object] | None = None) -> RequestRe
     """The report of a prepare of ``ref`` that went well."""
     fetched = {ref.uid: claim} if claim is not None else {}
     return RequestReport("prepare", (ref,), {ref.uid: None}, 0.01, fetched)
+
+
+def unprepared(ref: ClaimRef) -> RequestReport:
+    """The report of an unprepare of ``ref`` that went well (it fetches nothing)."""
+    return RequestReport("unprepare", (ref,), {ref.uid: None}, 0.01, {})
+
+
+def wait_looked_at(writer: StatusWriter, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while (c := writer.counts()).written + c.unchanged + c.failed < count:
+        assert time.monotonic() < deadline, f"the writer looked at {c}, not {count} claims"
+        time.sleep(0.01)
+
+
+def test_status_waits_while_the_kubelet_is_busy_and_then_writes_once(node: Node) -> None:
+    """A burst of requests is served first; a claim queued many times is written once."""
+    ref = node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
+    )
+    node.manager.plugin.node_prepare([ref])
+    writer = StatusWriter(node.cluster, node.manager, NODE, quiet=60, max_delay=60)
+    writer.start()
+    for _ in range(3):
+        writer.request_done(prepared(ref))
+    time.sleep(0.3)
+    assert ("status", "claim-u1") not in node.cluster.writes, "written while the kubelet is busy"
+    writer.stop()  # the queue is written at once
+    assert node.cluster.writes.count(("status", "claim-u1")) == 1
+    assert writer.counts() == StatusCounts(written=1, unchanged=0, failed=0)
+
+
+def test_a_claim_waits_no_longer_than_the_longest_delay(node: Node) -> None:
+    ref = node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
+    )
+    node.manager.plugin.node_prepare([ref])
+    writer = StatusWriter(node.cluster, node.manager, NODE, quiet=60, max_delay=0.1)
+    writer.start()
+    writer.request_done(prepared(ref))
+    wait_looked_at(writer, 1)
+    writer.stop()
+    assert node.cluster.writes.count(("status", "claim-u1")) == 1
+
+
+def test_a_claim_prepared_and_unprepared_before_its_turn_costs_no_write(node: Node) -> None:
+    ref = node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
+    )
+    writer = StatusWriter(node.cluster, node.manager, NODE, quiet=0.2, max_delay=60)
+    writer.start()
+    node.manager.plugin.node_prepare([ref])
+    writer.request_done(prepared(ref, node.cluster.get_claim("default", "claim-u1")))
+    node.manager.plugin.node_unprepare([ref])
+    writer.request_done(unprepared(ref))
+    wait_looked_at(writer, 1)  # once the kubelet has been quiet for 0.2 s
+    writer.stop()
+    assert ("status", "claim-u1") not in node.cluster.writes
+    assert writer.counts() == StatusCounts(written=0, unchanged=1, failed=0)
 
 
 def test_status_writer_thread_writes_after_requests(node: Node) -> None:
