@@ -221,6 +221,10 @@ class BenchCluster:
         harness.wait_slice_wipe("")
         return harness
 
+    def on_exit(self, stop: Callable[[], None]) -> None:
+        """Call ``stop`` when the cluster stops (if it was not called before: idempotent)."""
+        self._stack.callback(stop)
+
     def spawn(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
     ) -> Spawned:
@@ -300,13 +304,20 @@ class BenchCluster:
         *,
         name: str,
         watch_claims: bool = True,
+        nri_socket: Path | None = None,
     ) -> Spawned:
-        """``python -m nodedra run`` for ``node``: the operator as its DaemonSet runs it."""
+        """``python -m nodedra run`` for ``node``: the operator as its DaemonSet runs it.
+
+        Pinning is off unless ``nri_socket`` names a runtime's NRI socket (then required).
+        """
         directory = self.workdir / name
         for sub in ("plugin", "cdi", "state"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         config = directory / "config.yaml"
-        config.write_text("policy: topology-aware\n")
+        # With pinning, containers without claims need a CPU no claim can take.
+        config.write_text(
+            "policy: topology-aware\n" + ('reservedCPUs: "0"\n' if nri_socket else "")
+        )
         metrics = f"{LOOPBACK}:{free_port()}"
         argv = [
             sys.executable,
@@ -323,7 +334,11 @@ class BenchCluster:
             f"--config={config}",
             f"--metrics-address={metrics}",
             f"--health-address={LOOPBACK}:{free_port()}",
-            "--pinning=off",
+            *(
+                [f"--nri-socket={nri_socket}", "--pinning=required"]
+                if nri_socket
+                else ["--pinning=off"]
+            ),
         ]
         env = python_env()
         env["NODEDRA_WATCH_CLAIMS"] = "true" if watch_claims else "false"

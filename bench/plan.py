@@ -53,6 +53,9 @@ class Plan:
     idle_seconds: float = 20.0
     operator_iterations: Mapping[int, int] = field(default_factory=lambda: {1: 150, 64: 12})
     watch_claims: int = 1000
+    nri_iterations: int = 300
+    """Containers with a claim (and as many without) created per NRI plugin."""
+    nri_syncs: int = 5
     scale_nodes: int = 20
     """``--scale``: nodedra instances, each with a node of its own."""
     scale_claims: int = 20000
@@ -76,6 +79,8 @@ class Plan:
             settle_seconds=4.0,
             idle_seconds=6.0,
             operator_iterations={1: 30, 64: 3},
+            nri_iterations=40,
+            nri_syncs=2,
             scale_nodes=4,
             scale_claims=1200,
             scale_baseline_claims=300,

@@ -51,6 +51,8 @@ def markdown(results: dict[str, Any]) -> str:
     if "operator" in results:
         lines += _process(results)
         lines += _watch(results["operator"]["claim_watch"])
+    if "nri" in results:
+        lines += _nri(results["nri"])
     if "scale" in results:
         lines += _scale(results["scale"])
     return "\n".join(lines) + "\n"
@@ -294,6 +296,39 @@ def _process(results: dict[str, Any]) -> list[str]:
         "process that imports kopf, the kubernetes client, grpcio, prometheus-client and PyYAML "
         "and serves two idle gRPC servers, nodedra's floor. The kubelet's plugin "
         "manager reconciles once a second, hence registration about 1 s after the socket." + spread,
+        "",
+    ]
+
+
+def _nri(nri: dict[str, Any]) -> list[str]:
+    ratios = {r["case"]: r for r in nri["ratios"]}
+    rows = [
+        [
+            r["case"],
+            r["driver"],
+            r["ms"]["n"],
+            r["ms"]["p50"],
+            r["ms"]["p99"],
+            *(
+                (_x(ratios[r["case"]]["p50"]), _x(ratios[r["case"]]["p99"]))
+                if r["driver"] == "nodedra"
+                else ("", "")
+            ),
+        ]
+        for r in nri["rows"]
+    ]
+    return [
+        f"### The pinning path: NRI events (NRI {nri['nri_version']}, ms)",
+        "",
+        *_table(["event", "plugin", "calls", "p50", "p99", "p50 / Go", "p99 / Go"], rows),
+        "",
+        "Timed by the NRI runtime harness around the adaptation's call (what containerd "
+        "waits for: transport and the plugin's handling). nodedra: `nodedra run` with "
+        f"pinning required and {nri['claim_pods']} claims of one CPU prepared through the "
+        "kubelet harness; go: the Go plugin on NRI's stub library given the same claim UIDs. "
+        "Each container with a claim names it by its CDI device; the update is the "
+        "kubelet's UpdateContainerResources of it (both plugins put its cpuset back); "
+        "Synchronize follows a restart of the runtime, which both plugins reconnect to.",
         "",
     ]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import operator_run, prepare, scale, slices
+from bench import nri, operator_run, prepare, scale, slices
 from bench.env import BenchCluster, write_sysfs
 from bench.machine import describe, load_average
 from bench.plan import Plan
@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
         "bench 3+4: nodedra run, idle and loaded; the ResourceClaim watch",
         operator_run.run,
     ),
+    "nri": ("bench 6: the pinning path, nodedra's NRI plugin and a Go one", nri.run),
 }
 SCALE = ("bench 5: many nodes' nodedra on one control plane", scale.run)
 """Run alone with ``--scale`` (it takes 10 to 15 minutes); its results go to scale.*."""
