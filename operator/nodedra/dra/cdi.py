@@ -14,14 +14,13 @@ The rules follow cncf-tags/container-device-interface at v1.1.0: ``SPEC.md``,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
-
-import yaml
 
 from nodedra.lib import faults
 from nodedra.lib.durable import remove_leftovers, replace_file
@@ -49,7 +48,7 @@ class CDISpecError(ValueError):
 #
 # Each check takes a value and where it is ("containerEdits.mounts[0].type"), raises
 # _InvalidEditError if the value is not what CDI accepts there, and otherwise returns a plain
-# copy (dict, list, str, int, bool) that yaml.safe_dump can write. Copying keeps the edits
+# copy (dict, list, str, int, bool) that json.dumps can write. Copying keeps the edits
 # verbatim (same keys in the same order, same values) while making sure that what is written is
 # what was checked.
 
@@ -420,16 +419,17 @@ class CDIStore:
         after a reboot it may not exist until someone writes a spec, and the runtimes, which
         may not run as our user, must be able to list it; the file is 0644 for the same
         reason. The temporary file's name ends in ``.tmp``, which runtimes watching the
-        directory ignore (they load only ``.json`` and ``.yaml``).
+        directory ignore (they load only ``.json`` and ``.yaml``). The content is JSON,
+        which is YAML too: CDI parses a spec the same whatever its extension, and a JSON
+        encoder is many times faster than a YAML one on the prepare path.
 
         The rename is not made durable with a directory fsync, as CDI writers do not make
         it: specs are transient (the tmpfs vanishes on reboot and a re-prepare writes them
         again); the checkpoint, saved before, is the durable record.
         """
-        data = yaml.safe_dump(dict(spec.content), sort_keys=False, explicit_start=True)
         replace_file(
             self.spec_path(spec.uid),
-            data.encode(),
+            json.dumps(spec.content, indent=2).encode() + b"\n",
             mode=_SPEC_MODE,
             dir_mode=_DIR_MODE,
             crash_points=crash_points,

@@ -95,6 +95,8 @@ class GroupCommitOwner(Owner, Protocol):
         The changes are those ``claim_allocated`` and ``claim_released`` announced. On
         failure, put the policy back to what is durable, then raise. Called with the lock
         held, once per request, before any CDI spec of the request is written or removed.
+        It may let the lock go while it waits (for other requests to join one write) and
+        take it back before it returns.
         """
         ...
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,12 @@ from .pinning import Reservation
 log = logging.getLogger(__name__)
 
 
+BATCH_WAIT = 0.02
+"""Seconds the first request of a batch waits at most for others to join it before the
+batch is committed: about the time a few requests' changes and one fsync take."""
+KEPT_FAILURES = 64
+"""Failed batches whose error is kept for the requests that waited for them: far more than
+can be waiting, since a batch's requests look as soon as they have the lock back."""
 NRI_ROLE_LOCK = "nri.lock"
 """Held by the one instance of a node that is connected to the runtime (rolling updates)."""
 
@@ -60,6 +67,17 @@ class ResourceManager:
         on_shutdown: Callable[[str], None],
     ) -> None:
         self._lock = threading.Lock()
+        self._committed_batch = threading.Condition(self._lock)
+        """Notified, lock held, when a batch of requests' changes was committed (or not)."""
+        self._waiting = 0
+        """Threads waiting in `acquire` for the lock (counted under ``_counting``)."""
+        self._counting = threading.Lock()
+        self._batch = 0
+        """The batch the changes made under the lock now will be committed in."""
+        self._batch_opened: float | None = None
+        """When the first request began waiting for the current batch's commit."""
+        self._batch_failures: dict[int, BaseException] = {}
+        """Why the last batches that failed did (a few, for those waiting for them)."""
         self._policy = policy
         self._on_shutdown = on_shutdown
         self.driver = driver_name(policy.name)
@@ -114,7 +132,14 @@ class ResourceManager:
         last looked: the policy then takes the checkpoint's claims back before anything
         reads or changes them, so the two instances never work from different books.
         """
-        if not self._lock.acquire(blocking, timeout):
+        with self._counting:
+            self._waiting += 1
+        try:
+            acquired = self._lock.acquire(blocking, timeout)
+        finally:
+            with self._counting:
+                self._waiting -= 1
+        if not acquired:
             return False
         try:
             self._catch_up()
@@ -132,7 +157,7 @@ class ResourceManager:
         """
         if self._pending is not None:
             try:
-                self.commit()
+                self._commit_now()
             except Exception:
                 log.exception("committing the changes of a request that did not commit failed")
         due, self._updates_due = self._updates_due, False
@@ -163,20 +188,55 @@ class ResourceManager:
         self._books_changed()
 
     def commit(self) -> None:
-        """Save the policy's state once for the whole request (`GroupCommitOwner`).
+        """Make the request's changes durable, with those of requests waiting for the lock.
 
-        One checkpoint write instead of one per claim. If it fails, the policy takes back
-        what the checkpoint holds (the state before the request), so that what it grants
-        next never rests on an allocation that is not on disk.
+        The `GroupCommitOwner` commit, called with the lock held, which it may let go
+        meanwhile. One checkpoint write for the whole request instead of one per claim,
+        and one for all the requests that came in together: while others wait for the
+        lock, this one lets them make their changes first and waits for the commit of them
+        all, which the last of them makes (or whoever holds the lock when no one waits any
+        more, or the first after ``BATCH_WAIT``). If the write fails, the policy takes back
+        what the checkpoint holds (the state before those requests), so that what it
+        grants next never rests on an allocation that is not on disk, and each of them
+        fails.
         """
+        if self._pending is None:
+            return
+        if self.plugin.sockets.lock is not None:
+            self._commit_now()  # other instances read the checkpoint: no batches (see _catch_up)
+            return
+        batch = self._batch
+        if self._batch_opened is None:
+            self._batch_opened = time.monotonic()
+        while self._batch == batch:  # not committed yet
+            # Commit now if nobody else is coming, or if the batch has waited long enough
+            # (requests may keep coming; those in the batch must not wait for them all).
+            if self._waiting == 0 or time.monotonic() - self._batch_opened >= BATCH_WAIT:
+                self._commit_now()
+                break
+            self._committed_batch.wait(BATCH_WAIT)
+        error = self._batch_failures.get(batch)
+        if error is not None:
+            raise error
+
+    def _commit_now(self) -> None:
+        """Save the policy's state for the current batch; tell those waiting (lock held)."""
         points, self._pending = self._pending, None
         if points is None:
             return
+        batch, self._batch = self._batch, self._batch + 1
+        self._batch_opened = None
         try:
             self._save(points)
-        except Exception:
+        except Exception as err:
             self._take_back_durable()
+            self._batch_failures = {
+                b: e for b, e in self._batch_failures.items() if b > batch - KEPT_FAILURES
+            }
+            self._batch_failures[batch] = err
             raise
+        finally:
+            self._committed_batch.notify_all()
 
     # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
 

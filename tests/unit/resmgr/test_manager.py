@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from nodedra.dra import ClaimRef, RequestObserver, driver_name
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager
+from nodedra.resmgr import manager as manager_module
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
 from tests.unit.policy.conftest import topology
 
@@ -315,3 +318,136 @@ def test_a_failed_release_commit_keeps_the_claims_and_their_specs(
     saves.failing = None
     assert node.manager.plugin.node_unprepare(refs) == dict.fromkeys(["u0", "u1"])
     assert node.specs() == []
+
+
+class GatedSaves(CountedSaves):
+    """Counted saves; the first one waits for ``gate`` (holding the lock, as saves do)."""
+
+    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__(node, monkeypatch)
+        self.gate = threading.Event()
+        counted = node.manager.checkpoint.save
+
+        def save(*args: Any, **kwargs: Any) -> None:
+            if self.count == 0:
+                assert self.gate.wait(30), "the test never opened the gate"
+            counted(*args, **kwargs)
+
+        monkeypatch.setattr(node.manager.checkpoint, "save", save)
+
+
+def prepare_in_threads(
+    node: Node, refs: list[ClaimRef]
+) -> tuple[list[threading.Thread], dict[str, Any]]:
+    """Prepare each claim in a kubelet request of its own, all at once; (threads, answers)."""
+    answers: dict[str, Any] = {}
+
+    def prepare(ref: ClaimRef) -> None:
+        answers.update(node.manager.plugin.node_prepare([ref]))
+
+    threads = [threading.Thread(target=prepare, args=(ref,)) for ref in refs]
+    for thread in threads:
+        thread.start()
+    return threads, answers
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def patient_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches wait for everyone who waits for the lock, however slow the machine."""
+    monkeypatch.setattr(manager_module, "BATCH_WAIT", 60.0)
+
+
+@pytest.mark.usefixtures("patient_batches")
+def test_requests_that_come_together_share_one_checkpoint_write(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one request's write is under way, the requests that queue behind it for the
+    lock are committed together by one write, and each of them gets its claim."""
+    node.manager.start()
+    saves = GatedSaves(node, monkeypatch)
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(4)]
+    first, answers = prepare_in_threads(node, refs[:1])
+    wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
+    rest, more = prepare_in_threads(node, refs[1:])
+    wait_for(lambda: node.manager._waiting == 3, "three requests waiting for the lock")
+    saves.gate.set()
+    for thread in first + rest:
+        thread.join(30)
+    answers.update(more)
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2", "u3"])
+    assert saves.count == 2, "one write for the first request, one for the three behind it"
+    saved = json.loads(node.manager.checkpoint.path.read_text())
+    assert set(saved["data"]["claims"]) == {"u0", "u1", "u2", "u3"}
+    assert len(node.specs()) == 4
+
+
+@pytest.mark.usefixtures("patient_batches")
+def test_a_failed_shared_write_fails_every_request_of_the_batch(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.manager.start()
+    saves = GatedSaves(node, monkeypatch)
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(4)]
+    first, answers = prepare_in_threads(node, refs[:1])
+    wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
+    rest, more = prepare_in_threads(node, refs[1:])
+    wait_for(lambda: node.manager._waiting == 3, "three requests waiting for the lock")
+    real = node.manager.checkpoint.save
+
+    def failing_after_first(*args: Any, **kwargs: Any) -> None:
+        if saves.count >= 1:
+            saves.count += 1
+            raise OSError(28, "No space left on device")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(node.manager.checkpoint, "save", failing_after_first)
+    saves.gate.set()
+    for thread in first + rest:
+        thread.join(30)
+    answers.update(more)
+    assert answers["u0"].error is None
+    for uid in ("u1", "u2", "u3"):
+        assert "No space left on device" in str(answers[uid].error), answers[uid]
+    assert saves.count == 2, "the three behind the first failed together, in one write"
+    assert node.manager.policy.claim_uids() == {"u0"}
+    assert node.manager.committed_claims() == {"u0"}
+    assert len(node.specs()) == 1
+    monkeypatch.setattr(node.manager.checkpoint, "save", real)  # the stop saves too
+
+
+@pytest.mark.usefixtures("patient_batches")
+def test_whoever_holds_the_lock_last_commits_a_waiting_batch(node: Node) -> None:
+    """A request waits for its batch while another thread (a runtime event, say) takes the
+    lock and changes nothing: that thread's release commits the batch."""
+    node.manager.start()
+    ref = node.add_claim("u0", results_on(node, 0))
+    holder = threading.Event()
+    done = threading.Event()
+
+    def runtime_event() -> None:
+        with node.manager:
+            holder.set()
+            assert done.wait(30)
+
+    with node.manager:
+        threads, answers = prepare_in_threads(node, [ref])
+        wait_for(lambda: node.manager._waiting == 1, "the request waiting for the lock")
+        other = threading.Thread(target=runtime_event)
+        other.start()
+        wait_for(lambda: node.manager._waiting == 2, "the event waiting for the lock")
+    # The request stages, sees the event waiting and waits for its batch; the event takes
+    # the lock, and only its release can commit the batch.
+    wait_for(holder.is_set, "the event holding the lock")
+    assert not answers, "answered before its change was committed"
+    done.set()
+    for thread in [*threads, other]:
+        thread.join(30)
+    assert answers["u0"].error is None
+    assert set(json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"]) == {"u0"}
