@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,16 @@ def _process(
             f"{row['prepare_ms']['p50']:.1f} ms p99 {row['prepare_ms']['p99']:.1f} ms, peak RSS "
             f"{row['window']['rss_peak_mib']:.0f} MiB, {row['window']['cpu_percent']:.0f}% CPU"
         )
+    burst = {
+        name: _during_burst(env, kubelet, driver, name, plan)
+        for name, driver in (("nodedra", TOPOLOGY_AWARE), ("go", GO_DRIVER))
+    }
+    for name, row in burst.items():
+        say(
+            f"  {name} while {row['claims']} claims are created: prepare p50 "
+            f"{row['prepare_ms']['p50']:.1f} ms p99 {row['prepare_ms']['p99']:.1f} ms "
+            f"({row['prepare_ms']['n']} calls)"
+        )
     after_load = usage(op.pid)
     wiped = time.monotonic()
     env.api.wipe_slices(f"spec.nodeName={NODE}")
@@ -134,12 +145,14 @@ def _process(
             "rss_after_load_mib": round(after_load.rss_bytes / MIB, 1),
             "rss_high_water_mib": round(after_load.hwm_bytes / MIB, 1),
             "restore_after_wipe_seconds": restored["nodedra"],
+            "during_claim_burst": burst["nodedra"],
         },
         "go": {
             "start_seconds": go_start,
             "idle": go_idle.result().as_json(),
             "rss_high_water_mib": round(go_usage.hwm_bytes / MIB, 1),
             "restore_after_wipe_seconds": restored["go"],
+            "during_claim_burst": burst["go"],
         },
         "dependency_floor": {"idle": floor_idle.result().as_json()},
     }
@@ -182,6 +195,46 @@ def _load(
             1000 * (after.cpu_seconds - before.cpu_seconds) / claims, 3
         ),
         "quiet_after_seconds": round(drained, 1),
+    }
+
+
+def _during_burst(
+    env: BenchCluster, kubelet: KubeletHarness, driver: str, name: str, plan: Plan
+) -> dict[str, Any]:
+    """One-claim prepares while ``plan.watch_claims`` claims of other nodes are created.
+
+    nodedra's claim watch receives every one of them (and drops them unparsed); the Go
+    driver watches no claims, so beside it this is the API server's share of the burst.
+    """
+    devices = poll(lambda: complete_pool(env.api.slices(NODE, driver), 4), 60, "slices")
+    consumed = CONSUMED if driver == TOPOLOGY_AWARE else None
+    refs = create_claims(
+        env.api,
+        "bench-operator",
+        [f"burst-{name}"],
+        [Allocation(driver, NODE, devices[-1], consumed)],
+    )
+    namespace = f"bench-burst-{name}"
+    allocations = [
+        Allocation(TOPOLOGY_AWARE, OTHER_NODE, "cpudevnuma000", CONSUMED)
+        for _ in range(plan.watch_claims)
+    ]
+    kubelet.bench_prepare(driver, refs, 1, warmup=3, timeout=120)
+    creating = threading.Thread(
+        target=create_claims,
+        args=(env.api, namespace, [f"b-{i}" for i in range(plan.watch_claims)], allocations),
+    )
+    prepare: list[int] = []
+    started = time.monotonic()
+    creating.start()
+    while creating.is_alive():
+        prepare += kubelet.bench_prepare(driver, refs, 10, timeout=120)[0]
+    seconds = time.monotonic() - started
+    delete_claims(env.api, namespace)
+    return {
+        "claims": plan.watch_claims,
+        "creating_seconds": round(seconds, 2),
+        "prepare_ms": summary_ms(prepare),
     }
 
 

@@ -264,6 +264,18 @@ def _process(results: dict[str, Any]) -> list[str]:
                 None,
             ],
         ]
+    if "during_claim_burst" in ours:
+        burst = ours["during_claim_burst"]
+        rows.append(
+            [
+                f"prepare p50 / p99 ms, 1-claim requests, while {burst['claims']} claims "
+                "of other nodes are created",
+                _pair(burst),
+                None,
+                _pair(go.get("during_claim_burst")),
+                None,
+            ]
+        )
     rows.append(
         [
             "all slices of the node wiped: restored after (s)",
