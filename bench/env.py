@@ -15,6 +15,7 @@ import os
 import sys
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,6 +335,9 @@ class BenchCluster:
             f"--config={config}",
             f"--metrics-address={metrics}",
             f"--health-address={LOOPBACK}:{free_port()}",
+            # As the DaemonSet runs it: sockets named after its pod, the instances' lock
+            # (a short UID: the benchmark's directories are longer than /var/lib/kubelet).
+            f"--pod-uid={uuid.uuid4().hex[:8]}",
             *(
                 [f"--nri-socket={nri_socket}", "--pinning=required"]
                 if nri_socket

@@ -56,9 +56,13 @@ class Driver:
     kubelet: KubeletHarness
 
 
-def registration_socket(registry: Path, driver: str) -> Path:
-    """Where a driver's registration socket appears (nodedra and kubeletplugin agree)."""
-    return registry / f"{driver}-reg.sock"
+def registration_sockets(registry: Path, driver: str) -> list[Path]:
+    """A driver's registration sockets.
+
+    ``<driver>-reg.sock``, or ``<driver>-<pod UID>-reg.sock`` for an instance that may be
+    updated beside another (as the DaemonSet runs nodedra).
+    """
+    return [*registry.glob(f"{driver}-reg.sock"), *registry.glob(f"{driver}-*-reg.sock")]
 
 
 def start_timed(
@@ -70,10 +74,14 @@ def start_timed(
     manager notices it on its next reconcile, which runs once a second, so the second
     figure is the first rounded up to that loop.
     """
-    socket = registration_socket(kubelet.registry_dir, driver)
     started = time.monotonic()
     spawned = start()
-    poll(lambda: True if socket.exists() else None, 120, f"{socket}", interval=0.005)
+    poll(
+        lambda: True if registration_sockets(kubelet.registry_dir, driver) else None,
+        120,
+        f"{driver}'s registration socket in {kubelet.registry_dir}",
+        interval=0.005,
+    )
     ready = time.monotonic() - started
     kubelet.wait_registered(driver, timeout=120)
     return spawned, {

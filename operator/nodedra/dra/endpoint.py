@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,15 +114,51 @@ class SocketFile:
                 self.path.unlink()
 
 
-@contextlib.contextmanager
-def instance_lock(path: Path | None) -> Iterator[None]:
-    """Hold the lock shared by the driver's instances, if there is one.
+class InstanceLock:
+    """The lock shared by the driver's instances, held while any request of ours runs.
 
-    It excludes other processes and other threads of ours alike, and it conflicts with the
-    lock that instances built on the Go kubeletplugin helper take on the same file.
+    It excludes other instances (processes, or other plugins in this one), and it
+    conflicts with the lock that instances built on the Go kubeletplugin helper take on the
+    same file. Our own requests share it: the first to come takes the file lock, the others
+    join, the last to go gives it back; among themselves the owner's lock orders them,
+    which lets requests that come together be committed together. Without a path (one
+    instance only) it is no lock at all.
     """
-    if path is None:
-        yield
-        return
-    with FileLock(path):
-        yield
+
+    def __init__(self, path: Path | None) -> None:
+        self._file = FileLock(path) if path is not None else None
+        self._users = 0
+        self._taking = False
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the lock (with our other requests) for the duration of the block."""
+        if self._file is None:
+            yield
+            return
+        self._join()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._users -= 1
+                if self._users == 0:
+                    self._file.release()
+
+    def _join(self) -> None:
+        assert self._file is not None
+        with self._changed:
+            while self._taking:  # another of ours is waiting for the other instance
+                self._changed.wait()
+            if self._users > 0:
+                self._users += 1
+                return
+            self._taking = True
+        try:
+            self._file.acquire()
+        finally:
+            with self._changed:
+                self._taking = False
+                self._users += 1 if self._file.held else 0
+                self._changed.notify_all()

@@ -26,7 +26,7 @@ from .claims import (
     ClaimError,
     ClaimRef,
 )
-from .endpoint import SocketPaths, default_plugin_data_dir, instance_lock, socket_paths
+from .endpoint import InstanceLock, SocketPaths, default_plugin_data_dir, socket_paths
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
 from .probes import LIST_TYPE_ATTRIBUTES, GateProbe
@@ -229,6 +229,8 @@ class Plugin:
             self._plugin_data_dir,
             options.rolling_update_uid,
         )
+        self.instance_lock = InstanceLock(self._paths.lock)
+        """Held by kubelet requests (and by the owner's start and reconfigure)."""
         self._mu = threading.Lock()  # guards the fields below, never held across I/O
         self._devices: list[Device] = []
         self._servers: PluginServers | None = None
@@ -425,7 +427,7 @@ class Plugin:
         started = time.monotonic()
         try:
             self._check_allowed()
-            with instance_lock(self._paths.lock):
+            with self.instance_lock.held():
                 answers = self.unprepare_resource_claims(claims)
         except NotServingClaimsError as err:
             self._observe("unprepare", claims, dict.fromkeys((r.uid for r in claims), err), started)
@@ -449,7 +451,7 @@ class Plugin:
                 answers[ref.uid] = PrepareResult(error=claim)
             else:
                 fetched[ref.uid] = claim
-        with instance_lock(self._paths.lock):
+        with self.instance_lock.held():
             prepared = self.prepare_resource_claims(list(fetched.values())) if fetched else {}
         for ref in refs:
             if ref.uid not in answers:  # fetched, so checked to be the claim of that UID

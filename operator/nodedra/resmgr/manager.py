@@ -22,7 +22,6 @@ from kubernetes import client as k8s
 
 from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSettings, driver_name
 from nodedra.dra.claims import claim_ref
-from nodedra.dra.endpoint import instance_lock
 from nodedra.lib import faults
 from nodedra.lib.locks import FileLock
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
@@ -202,9 +201,6 @@ class ResourceManager:
         """
         if self._pending is None:
             return
-        if self.plugin.sockets.lock is not None:
-            self._commit_now()  # other instances read the checkpoint: no batches (see _catch_up)
-            return
         batch = self._batch
         if self._batch_opened is None:
             self._batch_opened = time.monotonic()
@@ -322,7 +318,7 @@ class ResourceManager:
         state cannot be used: serving claims on top of state we could not read would give
         CPUs that running containers hold to new claims.
         """
-        with instance_lock(self.plugin.sockets.lock), self._lock:
+        with self.plugin.instance_lock.held(), self._lock:
             state = self.checkpoint.load()
             claims: Mapping[str, Any] = {}
             if state is not None:
@@ -388,7 +384,7 @@ class ResourceManager:
         if self.nri is not None and self._nri_role.held:
             self.nri.stop()
         self._nri_role.release()
-        with instance_lock(self.plugin.sockets.lock), self:
+        with self.plugin.instance_lock.held(), self:
             self._save()
 
     def reconfigure(self, config: PolicyConfig) -> None:
@@ -398,7 +394,7 @@ class ResourceManager:
         configuration must be checked against every claim granted, including those another
         instance committed during a rolling update.
         """
-        with instance_lock(self.plugin.sockets.lock), self:
+        with self.plugin.instance_lock.held(), self:
             self._check_pinnable(config)
             self._policy.reconfigure(config)
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from nodedra.dra import Plugin
-from nodedra.dra.endpoint import instance_lock, socket_paths
+from nodedra.dra.endpoint import InstanceLock, socket_paths
 from nodedra.dra.service import PluginServers
 from nodedra.grpc_gen import (
     dra_health_v1alpha1_pb2,
@@ -209,14 +209,27 @@ def test_lost_socket_is_fatal(tmp_path: Path) -> None:
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from nodedra.dra.endpoint import instance_lock
-with instance_lock(Path(sys.argv[1])):
+from nodedra.dra.endpoint import InstanceLock
+with InstanceLock(Path(sys.argv[1])).held():
     print("locked", flush=True)
     sys.stdin.readline()
 """
 
 
-def test_instance_lock_excludes_other_processes_and_threads(tmp_path: Path) -> None:
+def held_in_thread(lock: InstanceLock) -> tuple[threading.Thread, threading.Event]:
+    """A thread that takes ``lock``, and the event it sets once it has it."""
+    got = threading.Event()
+
+    def take() -> None:
+        with lock.held():
+            got.set()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    return thread, got
+
+
+def test_instance_lock_excludes_other_processes_and_instances(tmp_path: Path) -> None:
     lock = tmp_path / "serialize.lock"
     holder = subprocess.Popen(
         [sys.executable, "-c", LOCK_HOLDER, str(lock)],
@@ -227,14 +240,7 @@ def test_instance_lock_excludes_other_processes_and_threads(tmp_path: Path) -> N
     assert holder.stdout is not None
     assert holder.stdin is not None
     assert holder.stdout.readline().strip() == "locked"
-    got = threading.Event()
-
-    def take() -> None:
-        with instance_lock(lock):
-            got.set()
-
-    waiter = threading.Thread(target=take)
-    waiter.start()
+    waiter, got = held_in_thread(InstanceLock(lock))
     assert not got.wait(0.3), "the lock was taken while another process held it"
     holder.stdin.write("\n")
     holder.stdin.flush()
@@ -242,14 +248,30 @@ def test_instance_lock_excludes_other_processes_and_threads(tmp_path: Path) -> N
     waiter.join(10)
     assert got.is_set()
 
-    # Two threads of one process exclude each other too.
-    got.clear()
-    with instance_lock(lock):
-        waiter = threading.Thread(target=take)
-        waiter.start()
-        assert not got.wait(0.3), "two threads held the lock at once"
+    # Two instances in one process exclude each other too.
+    with InstanceLock(lock).held():
+        waiter, got = held_in_thread(InstanceLock(lock))
+        assert not got.wait(0.3), "two instances held the lock at once"
     waiter.join(10)
     assert got.is_set()
+
+
+def test_requests_of_one_instance_hold_its_lock_together(tmp_path: Path) -> None:
+    """The first takes the file lock, others join; only the last one out gives it back."""
+    ours, other = (
+        InstanceLock(tmp_path / "serialize.lock"),
+        InstanceLock(tmp_path / "serialize.lock"),
+    )
+    first = ours.held()
+    first.__enter__()
+    joined, got = held_in_thread(ours)
+    assert got.wait(10), "a request of the same instance waited for its own lock"
+    joined.join(10)
+    waiter, other_got = held_in_thread(other)
+    assert not other_got.wait(0.3), "the other instance took the lock while a request held it"
+    first.__exit__(None, None, None)
+    waiter.join(10)
+    assert other_got.is_set()
 
 
 def test_too_long_socket_path_is_refused_clearly(tmp_path: Path) -> None:
