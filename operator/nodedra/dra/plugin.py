@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,6 +89,14 @@ class GroupCommitOwner(Owner, Protocol):
     claim's CDI devices only after that: so one write before the claims' specs are written
     (and before the answer) keeps every guarantee of one write per claim.
     """
+
+    def batched(self) -> AbstractContextManager[Any]:
+        """The lock, held for one kubelet request (instead of ``with owner``).
+
+        Its changes may be committed with those of other requests: ``commit`` may let the
+        lock go while it waits for them.
+        """
+        ...
 
     def commit(self) -> None:
         """Make every change since the last commit durable, at once.

@@ -11,8 +11,9 @@ guarantee of one write per claim. One claim's failure stays its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ class ClaimRequests:
         """
         answers: dict[str, PrepareResult] = {}
         staged: list[_Staged] = []
-        with self._owner:
+        with self._locked():
             for claim in claims:
                 try:
                     ref = claim_ref(claim)
@@ -112,7 +113,7 @@ class ClaimRequests:
         """
         answers: dict[str, Exception | None] = {}
         released: list[ClaimRef] = []
-        with self._owner:
+        with self._locked():
             for ref in claims:
                 try:
                     if not ref.uid:
@@ -300,6 +301,13 @@ class ClaimRequests:
                 continue
             faults.crash_point(faults.UNPREPARE_REMOVED)
         return failed
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The owner's lock for one request: batched, for a `GroupCommitOwner`."""
+        batched = getattr(self._owner, "batched", None)
+        with batched() if batched is not None else self._owner:
+            yield
 
     def _commit(self, committed: str) -> None:
         """The owner's commit of the request so far.

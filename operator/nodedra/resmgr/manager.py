@@ -9,10 +9,11 @@ connect to the container runtime, register and publish, and only then serve clai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -68,9 +69,13 @@ class ResourceManager:
         self._lock = threading.Lock()
         self._committed_batch = threading.Condition(self._lock)
         """Notified, lock held, when a batch of requests' changes was committed (or not)."""
-        self._waiting = 0
-        """Threads waiting in `acquire` for the lock (counted under ``_counting``)."""
+        self._joining = 0
+        """Kubelet requests waiting for the lock (counted under ``_counting``)."""
         self._counting = threading.Lock()
+        self._requests_in_flight = 0
+        """Kubelet requests holding the lock, or waiting for their batch's commit."""
+        self._others_waiting = 0
+        """Other holders of the lock waiting for a moment without requests."""
         self._batch = 0
         """The batch the changes made under the lock now will be committed in."""
         self._batch_opened: float | None = None
@@ -125,27 +130,75 @@ class ResourceManager:
     # The lock --------------------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Take the lock every change of policy state holds.
+        """Take the lock every change of policy state holds, once no request is in flight.
+
+        What the holder sees is then durable, and every claim held has its CDI spec (a batch
+        of kubelet requests lets the lock go while it waits for its commit).
 
         During a rolling update another instance of the driver may have committed since we
         last looked: the policy then takes the checkpoint's claims back before anything
         reads or changes them, so the two instances never work from different books.
         """
-        with self._counting:
-            self._waiting += 1
+        return self._take(blocking, timeout, request=False)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Hold the lock for one kubelet request (`GroupCommitOwner`).
+
+        `commit` may commit it with other requests. Those waiting in `acquire` go first.
+        """
+        self._take(True, -1, request=True)
         try:
-            acquired = self._lock.acquire(blocking, timeout)
+            yield
         finally:
+            self._requests_in_flight -= 1
+            if not self._requests_in_flight:
+                self._committed_batch.notify_all()
+            self.release()
+
+    def _take(self, blocking: bool, timeout: float, *, request: bool) -> bool:
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        if request:
             with self._counting:
-                self._waiting -= 1
-        if not acquired:
-            return False
+                self._joining += 1
         try:
+            if not self._lock.acquire(blocking, timeout):
+                return False
+        finally:
+            if request:
+                with self._counting:
+                    self._joining -= 1
+        try:
+            if request:
+                while self._others_waiting:  # they wait for a moment without requests
+                    self._committed_batch.wait()
+                self._requests_in_flight += 1
+            elif not self._quiet(blocking, deadline):
+                self._lock.release()
+                return False
             self._catch_up()
         except BaseException:
+            if request:
+                self._requests_in_flight -= 1
             self._lock.release()
             raise
         return True
+
+    def _quiet(self, blocking: bool, deadline: float | None) -> bool:
+        """Wait (lock held, let go meanwhile) until no request is in flight; whether none is."""
+        self._others_waiting += 1
+        self._committed_batch.notify_all()  # a batch waiting for more requests commits now
+        try:
+            while self._requests_in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if not blocking or (remaining is not None and remaining <= 0):
+                    return False
+                self._committed_batch.wait(remaining)
+            return True
+        finally:
+            self._others_waiting -= 1
+            if not self._others_waiting:
+                self._committed_batch.notify_all()
 
     def release(self) -> None:
         """Give the lock back; then the runtime is told of the changes made under it.
@@ -207,7 +260,11 @@ class ResourceManager:
         while self._batch == batch:  # not committed yet
             # Commit now if nobody else is coming, or if the batch has waited long enough
             # (requests may keep coming; those in the batch must not wait for them all).
-            if self._waiting == 0 or time.monotonic() - self._batch_opened >= BATCH_WAIT:
+            if (
+                not self._joining
+                or self._others_waiting
+                or time.monotonic() - self._batch_opened >= BATCH_WAIT
+            ):
                 self._commit_now()
                 break
             self._committed_batch.wait(BATCH_WAIT)

@@ -376,7 +376,7 @@ def test_requests_that_come_together_share_one_checkpoint_write(
     first, answers = prepare_in_threads(node, refs[:1])
     wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
     rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._waiting == 3, "three requests waiting for the lock")
+    wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
     saves.gate.set()
     for thread in first + rest:
         thread.join(30)
@@ -398,7 +398,7 @@ def test_a_failed_shared_write_fails_every_request_of_the_batch(
     first, answers = prepare_in_threads(node, refs[:1])
     wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
     rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._waiting == 3, "three requests waiting for the lock")
+    wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
     real = node.manager.checkpoint.save
 
     def failing_after_first(*args: Any, **kwargs: Any) -> None:
@@ -423,31 +423,30 @@ def test_a_failed_shared_write_fails_every_request_of_the_batch(
 
 
 @pytest.mark.usefixtures("patient_batches")
-def test_whoever_holds_the_lock_last_commits_a_waiting_batch(node: Node) -> None:
-    """A request waits for its batch while another thread (a runtime event, say) takes the
-    lock and changes nothing: that thread's release commits the batch."""
+def test_other_holders_of_the_lock_see_requests_whole(node: Node) -> None:
+    """A runtime event (or anyone but a kubelet request) that takes the lock while requests
+    are in flight waits for them: it sees their claims committed with their specs, never
+    a batch between its commit and its specs. And the batch does not wait for more."""
     node.manager.start()
-    ref = node.add_claim("u0", results_on(node, 0))
-    holder = threading.Event()
-    done = threading.Event()
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(3)]
+    seen: list[tuple[set[str], set[str], int]] = []
 
     def runtime_event() -> None:
         with node.manager:
-            holder.set()
-            assert done.wait(30)
+            state = node.manager.checkpoint.load()
+            assert state is not None
+            seen.append(
+                (set(node.manager.policy.claim_uids()), set(state.claims), len(node.specs()))
+            )
 
     with node.manager:
-        threads, answers = prepare_in_threads(node, [ref])
-        wait_for(lambda: node.manager._waiting == 1, "the request waiting for the lock")
+        threads, answers = prepare_in_threads(node, refs)
+        wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
         other = threading.Thread(target=runtime_event)
         other.start()
-        wait_for(lambda: node.manager._waiting == 2, "the event waiting for the lock")
-    # The request stages, sees the event waiting and waits for its batch; the event takes
-    # the lock, and only its release can commit the batch.
-    wait_for(holder.is_set, "the event holding the lock")
-    assert not answers, "answered before its change was committed"
-    done.set()
     for thread in [*threads, other]:
         thread.join(30)
-    assert answers["u0"].error is None
-    assert set(json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"]) == {"u0"}
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
+    ((held, durable, specs),) = seen
+    assert held == durable, "the event saw claims that were not committed"
+    assert specs == len(held), "the event saw committed claims without their specs"
