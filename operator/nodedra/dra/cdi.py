@@ -429,7 +429,7 @@ class CDIStore:
         """
         replace_file(
             self.spec_path(spec.uid),
-            json.dumps(spec.content, indent=2).encode() + b"\n",
+            json.dumps(spec.content).encode() + b"\n",
             mode=_SPEC_MODE,
             dir_mode=_DIR_MODE,
             crash_points=crash_points,
