@@ -200,16 +200,26 @@ class StatusWriter:
     def enqueue(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> None:
         """Bring claim ``ref``'s status up to date soon; ``claim`` is how it looks now, if known."""
         with self._changed:
+            self._wake_if_idle()
             self._queue(ref, claim)
-            self._changed.notify()
 
     def request_done(self, report: RequestReport) -> None:
         """After a kubelet request: the claims it changed need their status written."""
         with self._changed:
             self._last_request = time.monotonic()
+            self._wake_if_idle()
             for ref in report.claims:
                 if report.errors.get(ref.uid) is None and ref.name:
                     self._queue(ref, report.fetched.get(ref.uid))
+
+    def _wake_if_idle(self) -> None:
+        """Wake the writer if it waits for work (lock held).
+
+        One with work waits for a deadline that it checks again when it wakes, and that a
+        new request can only push back: waking it for each request would cost a thread
+        switch per request, on the kubelet's time.
+        """
+        if not self._pending:
             self._changed.notify()
 
     def _queue(self, ref: ClaimRef, claim: Mapping[str, Any] | None) -> None:
