@@ -1,6 +1,6 @@
 """The benchmark command: build or find the peers, run the benchmarks, write the results.
 
-``python -m bench [--quick] [--only prepare,slices,operator] [--out DIR] [--keep]``.
+``python -m bench [--quick] [--only prepare,slices,operator,nri] [--out DIR] [--keep]``.
 Results go to ``<out>/latest.json`` (everything measured, with the machine) and
 ``<out>/latest.md`` (the tables). Progress is printed on stderr as the benchmarks go.
 """
