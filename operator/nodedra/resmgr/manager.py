@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from nodedra.lib.locks import FileLock
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
 from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
 
+from .batchlock import BatchLock
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
 from .containers import ContainerPinner, reserved_pods
 from .pinning import Reservation
@@ -35,12 +35,6 @@ from .pinning import Reservation
 log = logging.getLogger(__name__)
 
 
-BATCH_WAIT = 0.02
-"""Seconds the first request of a batch waits at most for others to join it before the
-batch is committed: about the time a few requests' changes and one fsync take."""
-KEPT_FAILURES = 64
-"""Failed batches whose error is kept for the requests that waited for them: far more than
-can be waiting, since a batch's requests look as soon as they have the lock back."""
 NRI_ROLE_LOCK = "nri.lock"
 """Held by the one instance of a node that is connected to the runtime (rolling updates)."""
 
@@ -66,22 +60,7 @@ class ResourceManager:
         options: ManagerOptions,
         on_shutdown: Callable[[str], None],
     ) -> None:
-        self._lock = threading.Lock()
-        self._committed_batch = threading.Condition(self._lock)
-        """Notified, lock held, when a batch of requests' changes was committed (or not)."""
-        self._joining = 0
-        """Kubelet requests waiting for the lock (counted under ``_counting``)."""
-        self._counting = threading.Lock()
-        self._requests_in_flight = 0
-        """Kubelet requests holding the lock, or waiting for their batch's commit."""
-        self._others_waiting = 0
-        """Other holders of the lock waiting for a moment without requests."""
-        self._batch = 0
-        """The batch the changes made under the lock now will be committed in."""
-        self._batch_opened: float | None = None
-        """When the first request began waiting for the current batch's commit."""
-        self._batch_failures: dict[int, BaseException] = {}
-        """Why the last batches that failed did (a few, for those waiting for them)."""
+        self._lock = BatchLock()
         self._policy = policy
         self._on_shutdown = on_shutdown
         self.driver = driver_name(policy.name)
@@ -139,7 +118,10 @@ class ResourceManager:
         last looked: the policy then takes the checkpoint's claims back before anything
         reads or changes them, so the two instances never work from different books.
         """
-        return self._take(blocking, timeout, request=False)
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._caught_up()
+        return True
 
     @contextlib.contextmanager
     def batched(self) -> Iterator[None]:
@@ -147,58 +129,25 @@ class ResourceManager:
 
         `commit` may commit it with other requests. Those waiting in `acquire` go first.
         """
-        self._take(True, -1, request=True)
+        self._lock.hold_for_request()
+        try:
+            self._caught_up()
+        except BaseException:
+            self._lock.request_done()
+            raise
         try:
             yield
         finally:
-            self._requests_in_flight -= 1
-            if not self._requests_in_flight:
-                self._committed_batch.notify_all()
+            self._lock.request_done()
             self.release()
 
-    def _take(self, blocking: bool, timeout: float, *, request: bool) -> bool:
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        if request:
-            with self._counting:
-                self._joining += 1
+    def _caught_up(self) -> None:
+        """Catch up with the other instance (lock just taken); on failure give it back."""
         try:
-            if not self._lock.acquire(blocking, timeout):
-                return False
-        finally:
-            if request:
-                with self._counting:
-                    self._joining -= 1
-        try:
-            if request:
-                while self._others_waiting:  # they wait for a moment without requests
-                    self._committed_batch.wait()
-                self._requests_in_flight += 1
-            elif not self._quiet(blocking, deadline):
-                self._lock.release()
-                return False
             self._catch_up()
         except BaseException:
-            if request:
-                self._requests_in_flight -= 1
             self._lock.release()
             raise
-        return True
-
-    def _quiet(self, blocking: bool, deadline: float | None) -> bool:
-        """Wait (lock held, let go meanwhile) until no request is in flight; whether none is."""
-        self._others_waiting += 1
-        self._committed_batch.notify_all()  # a batch waiting for more requests commits now
-        try:
-            while self._requests_in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if not blocking or (remaining is not None and remaining <= 0):
-                    return False
-                self._committed_batch.wait(remaining)
-            return True
-        finally:
-            self._others_waiting -= 1
-            if not self._others_waiting:
-                self._committed_batch.notify_all()
 
     def release(self) -> None:
         """Give the lock back; then the runtime is told of the changes made under it.
@@ -243,53 +192,32 @@ class ResourceManager:
         """Make the request's changes durable, with those of requests waiting for the lock.
 
         The `GroupCommitOwner` commit, called with the lock held, which it may let go
-        meanwhile. One checkpoint write for the whole request instead of one per claim,
-        and one for all the requests that came in together: while others wait for the
-        lock, this one lets them make their changes first and waits for the commit of them
-        all, which the last of them makes (or whoever holds the lock when no one waits any
-        more, or the first after ``BATCH_WAIT``). If the write fails, the policy takes back
-        what the checkpoint holds (the state before those requests), so that what it
-        grants next never rests on an allocation that is not on disk, and each of them
-        fails.
+        meanwhile (see `batchlock`): one checkpoint write for the whole request instead of
+        one per claim, and one for all the requests that came in together. If the write
+        fails, the policy takes back what the checkpoint holds (the state before those
+        requests), so that what it grants next never rests on an allocation that is not
+        on disk, and each of them fails.
         """
-        if self._pending is None:
-            return
-        batch = self._batch
-        if self._batch_opened is None:
-            self._batch_opened = time.monotonic()
-        while self._batch == batch:  # not committed yet
-            # Commit now if nobody else is coming, or if the batch has waited long enough
-            # (requests may keep coming; those in the batch must not wait for them all).
-            if (
-                not self._joining
-                or self._others_waiting
-                or time.monotonic() - self._batch_opened >= BATCH_WAIT
-            ):
-                self._commit_now()
-                break
-            self._committed_batch.wait(BATCH_WAIT)
-        error = self._batch_failures.get(batch)
-        if error is not None:
-            raise error
+        if self._pending is not None:
+            self._lock.wait_for_commit(self._commit_now)
 
     def _commit_now(self) -> None:
-        """Save the policy's state for the current batch; tell those waiting (lock held)."""
+        """Save the policy's state for the current batch (lock held).
+
+        If the save fails, the policy takes back what the checkpoint holds, then it raises.
+        """
         points, self._pending = self._pending, None
         if points is None:
             return
-        batch, self._batch = self._batch, self._batch + 1
-        self._batch_opened = None
-        try:
-            self._save(points)
-        except Exception as err:
-            self._take_back_durable()
-            self._batch_failures = {
-                b: e for b, e in self._batch_failures.items() if b > batch - KEPT_FAILURES
-            }
-            self._batch_failures[batch] = err
-            raise
-        finally:
-            self._committed_batch.notify_all()
+
+        def save() -> None:
+            try:
+                self._save(points)
+            except Exception:
+                self._take_back_durable()
+                raise
+
+        self._lock.commit_batch(save)
 
     # The ClaimPolicy protocol (the plugin's; the policy decides) -----------------------
 

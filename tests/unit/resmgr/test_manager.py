@@ -13,8 +13,7 @@ import pytest
 
 from nodedra.dra import ClaimRef, RequestObserver, driver_name
 from nodedra.policy import PolicyError, make_policy, parse_config
-from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager
-from nodedra.resmgr import manager as manager_module
+from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager, batchlock
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
 from tests.unit.policy.conftest import topology
 
@@ -361,7 +360,7 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
 @pytest.fixture
 def patient_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches wait for everyone who waits for the lock, however slow the machine."""
-    monkeypatch.setattr(manager_module, "BATCH_WAIT", 60.0)
+    monkeypatch.setattr(batchlock, "BATCH_WAIT", 60.0)
 
 
 @pytest.mark.usefixtures("patient_batches")
@@ -376,7 +375,7 @@ def test_requests_that_come_together_share_one_checkpoint_write(
     first, answers = prepare_in_threads(node, refs[:1])
     wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
     rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
+    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
     saves.gate.set()
     for thread in first + rest:
         thread.join(30)
@@ -398,7 +397,7 @@ def test_a_failed_shared_write_fails_every_request_of_the_batch(
     first, answers = prepare_in_threads(node, refs[:1])
     wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
     rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
+    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
     real = node.manager.checkpoint.save
 
     def failing_after_first(*args: Any, **kwargs: Any) -> None:
@@ -441,7 +440,7 @@ def test_other_holders_of_the_lock_see_requests_whole(node: Node) -> None:
 
     with node.manager:
         threads, answers = prepare_in_threads(node, refs)
-        wait_for(lambda: node.manager._joining == 3, "three requests waiting for the lock")
+        wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
         other = threading.Thread(target=runtime_event)
         other.start()
     for thread in [*threads, other]:
