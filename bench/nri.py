@@ -34,7 +34,7 @@ from tests.peers.kubelet import KubeletHarness
 from tests.peers.nri_runtime import (
     BulkSpec,
     ContainerSpec,
-    GoStubPlugin,
+    NRIFactory,
     NRIRuntime,
     PodSpec,
     Resources,
@@ -74,7 +74,9 @@ class Side:
 def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
     """Run benchmark 6; its results."""
     kubelet = env.kubelet(NODE)
-    ours = _runtime(env, "nodedra")
+    nri = NRIFactory(env.binaries, env.workdir / "nri")
+    env.on_exit(nri.stop_all)
+    ours = nri(VERSION, online_cpus=ONLINE, online_mems=MEMS)
     op, _ = start_timed(
         kubelet,
         TOPOLOGY_AWARE,
@@ -84,18 +86,14 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
     )
     plugin = poll(lambda: _connected(ours), 60, "nodedra's NRI connection")
     pods = _claim_pods(env, kubelet)
-    theirs = _runtime(env, "go")
-    stub = GoStubPlugin(
-        env.binaries.nri_stub_plugin(VERSION),
-        theirs.socket,
-        theirs.workdir,
-        online_cpus=ONLINE,
-        online_mems=MEMS,
+    theirs = nri(VERSION, online_cpus=ONLINE, online_mems=MEMS)
+    stub = nri.stub_plugin(
+        theirs,
         claims={pod.claim_uid: (f"{i + 1}", "0") for i, pod in enumerate(pods)},
+        online_mems=MEMS,
         driver=TOPOLOGY_AWARE,
-    ).start()
+    )
     try:
-        theirs.wait_plugin(stub.plugin_name)
         sides = [
             Side("nodedra", ours, plugin, {c: [] for c in CASES}),
             Side("go", theirs, stub.plugin_name, {c: [] for c in CASES}),
@@ -109,10 +107,8 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
                 _round(side, pods, per_round, ids, warmup=2 if round_ == 0 else 0)
         syncs = {side.name: _syncs(side, plan.nri_syncs) for side in sides}
     finally:
-        stub.stop()
         op.stop()
-        for runtime in (ours, theirs):
-            runtime.stop()
+        nri.stop_all()
     rows: list[dict[str, Any]] = [
         {"case": case, "driver": side.name, "ms": summary_ms(side.timings[case])}
         for case in CASES
@@ -141,22 +137,6 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
             for case in dict.fromkeys(r["case"] for r in rows)
         ],
     }
-
-
-def _runtime(env: BenchCluster, name: str) -> NRIRuntime:
-    """A started NRI runtime harness of its own (short socket path: sun_path is small)."""
-    workdir = env.workdir / f"nri-{name}"
-    runtime = NRIRuntime(
-        env.binaries.nri_runtime(VERSION),
-        VERSION,
-        workdir / "nri.sock",
-        workdir,
-        online_cpus=ONLINE,
-        online_mems=MEMS,
-    )
-    runtime.start()
-    env.on_exit(runtime.stop)
-    return runtime
 
 
 def _connected(runtime: NRIRuntime) -> str | None:

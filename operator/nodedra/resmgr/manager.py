@@ -120,7 +120,11 @@ class ResourceManager:
         """
         if not self._lock.acquire(blocking, timeout):
             return False
-        self._caught_up()
+        try:
+            self._catch_up()
+        except BaseException:
+            self._lock.release()
+            raise
         return True
 
     @contextlib.contextmanager
@@ -131,23 +135,11 @@ class ResourceManager:
         """
         self._lock.hold_for_request()
         try:
-            self._caught_up()
-        except BaseException:
-            self._lock.request_done()
-            raise
-        try:
+            self._catch_up()
             yield
         finally:
-            self._lock.request_done()
+            self._lock.request_done()  # still holding the lock, which release gives back
             self.release()
-
-    def _caught_up(self) -> None:
-        """Catch up with the other instance (lock just taken); on failure give it back."""
-        try:
-            self._catch_up()
-        except BaseException:
-            self._lock.release()
-            raise
 
     def release(self) -> None:
         """Give the lock back; then the runtime is told of the changes made under it.

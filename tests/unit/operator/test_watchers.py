@@ -147,6 +147,13 @@ def unprepared(ref: ClaimRef) -> RequestReport:
     return RequestReport("unprepare", (ref,), {ref.uid: None}, 0.01, {})
 
 
+def one_cpu_claim(node: Node) -> ClaimRef:
+    """Claim u1, one CPU of NUMA node 0's device, on the fake API server."""
+    return node.add_claim(
+        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
+    )
+
+
 def wait_looked_at(writer: StatusWriter, count: int) -> None:
     deadline = time.monotonic() + 30
     while (c := writer.counts()).written + c.unchanged + c.failed < count:
@@ -156,15 +163,13 @@ def wait_looked_at(writer: StatusWriter, count: int) -> None:
 
 def test_status_waits_while_the_kubelet_is_busy_and_then_writes_once(node: Node) -> None:
     """A burst of requests is served first; a claim queued many times is written once."""
-    ref = node.add_claim(
-        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
-    )
+    ref = one_cpu_claim(node)
     node.manager.plugin.node_prepare([ref])
     writer = StatusWriter(node.cluster, node.manager, NODE, quiet=60, max_delay=60)
     writer.start()
     for _ in range(3):
         writer.request_done(prepared(ref))
-    time.sleep(0.3)
+    time.sleep(0.3)  # time for a writer that does not wait to write (this one must not)
     assert ("status", "claim-u1") not in node.cluster.writes, "written while the kubelet is busy"
     writer.stop()  # the queue is written at once
     assert node.cluster.writes.count(("status", "claim-u1")) == 1
@@ -172,9 +177,7 @@ def test_status_waits_while_the_kubelet_is_busy_and_then_writes_once(node: Node)
 
 
 def test_a_claim_waits_no_longer_than_the_longest_delay(node: Node) -> None:
-    ref = node.add_claim(
-        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
-    )
+    ref = one_cpu_claim(node)
     node.manager.plugin.node_prepare([ref])
     writer = StatusWriter(node.cluster, node.manager, NODE, quiet=60, max_delay=0.1)
     writer.start()
@@ -185,9 +188,7 @@ def test_a_claim_waits_no_longer_than_the_longest_delay(node: Node) -> None:
 
 
 def test_a_claim_prepared_and_unprepared_before_its_turn_costs_no_write(node: Node) -> None:
-    ref = node.add_claim(
-        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
-    )
+    ref = one_cpu_claim(node)
     writer = StatusWriter(node.cluster, node.manager, NODE, quiet=0.2, max_delay=60)
     writer.start()
     node.manager.plugin.node_prepare([ref])
@@ -201,9 +202,7 @@ def test_a_claim_prepared_and_unprepared_before_its_turn_costs_no_write(node: No
 
 
 def test_status_writer_thread_writes_after_requests(node: Node) -> None:
-    ref = node.add_claim(
-        "u1", [result("req", "cpudevnuma000", driver=TA, pool=NODE, consumedCapacity={"cpu": "1"})]
-    )
+    ref = one_cpu_claim(node)
     writer = StatusWriter(node.cluster, node.manager, NODE)
     writer.start()
     writer.request_done(prepared(ref))

@@ -320,26 +320,33 @@ def test_a_failed_release_commit_keeps_the_claims_and_their_specs(
 
 
 class GatedSaves(CountedSaves):
-    """Counted saves; the first one waits for ``gate`` (holding the lock, as saves do)."""
+    """Counted saves; those numbered in ``gated`` (0: the first) wait for their gate,
+    holding the lock as saves do."""
 
-    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch, gated: tuple[int, ...] = (0,)
+    ) -> None:
         super().__init__(node, monkeypatch)
-        self.gate = threading.Event()
+        self.gates = {n: threading.Event() for n in gated}
+        self.waiting: int | None = None
+        """The number of the save waiting at its gate now."""
         counted = node.manager.checkpoint.save
 
         def save(*args: Any, **kwargs: Any) -> None:
-            if self.count == 0:
-                assert self.gate.wait(30), "the test never opened the gate"
+            gate = self.gates.get(self.count)
+            if gate is not None:
+                self.waiting = self.count
+                assert gate.wait(30), "the test never opened the gate"
+                self.waiting = None
             counted(*args, **kwargs)
 
         monkeypatch.setattr(node.manager.checkpoint, "save", save)
 
 
 def prepare_in_threads(
-    node: Node, refs: list[ClaimRef]
-) -> tuple[list[threading.Thread], dict[str, Any]]:
-    """Prepare each claim in a kubelet request of its own, all at once; (threads, answers)."""
-    answers: dict[str, Any] = {}
+    node: Node, refs: list[ClaimRef], answers: dict[str, Any]
+) -> list[threading.Thread]:
+    """Prepare each claim in a kubelet request of its own, all at once, into ``answers``."""
 
     def prepare(ref: ClaimRef) -> None:
         answers.update(node.manager.plugin.node_prepare([ref]))
@@ -347,7 +354,23 @@ def prepare_in_threads(
     threads = [threading.Thread(target=prepare, args=(ref,)) for ref in refs]
     for thread in threads:
         thread.start()
-    return threads, answers
+    return threads
+
+
+def three_behind_a_write(
+    node: Node, monkeypatch: pytest.MonkeyPatch, gated: tuple[int, ...] = (0,)
+) -> tuple[GatedSaves, list[threading.Thread], dict[str, Any]]:
+    """The first request's write held at its gate while three more requests wait for the
+    lock behind it, each for a claim of its own (u0 to u3): (saves, threads, answers)."""
+    node.manager.start()
+    saves = GatedSaves(node, monkeypatch, gated)
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(4)]
+    answers: dict[str, Any] = {}
+    threads = prepare_in_threads(node, refs[:1], answers)
+    wait_for(lambda: saves.waiting == 0, "the first request's write at its gate")
+    threads += prepare_in_threads(node, refs[1:], answers)
+    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
+    return saves, threads, answers
 
 
 def wait_for(check: Callable[[], bool], what: str) -> None:
@@ -369,17 +392,10 @@ def test_requests_that_come_together_share_one_checkpoint_write(
 ) -> None:
     """While one request's write is under way, the requests that queue behind it for the
     lock are committed together by one write, and each of them gets its claim."""
-    node.manager.start()
-    saves = GatedSaves(node, monkeypatch)
-    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(4)]
-    first, answers = prepare_in_threads(node, refs[:1])
-    wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
-    rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
-    saves.gate.set()
-    for thread in first + rest:
+    saves, threads, answers = three_behind_a_write(node, monkeypatch)
+    saves.gates[0].set()
+    for thread in threads:
         thread.join(30)
-    answers.update(more)
     assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2", "u3"])
     assert saves.count == 2, "one write for the first request, one for the three behind it"
     saved = json.loads(node.manager.checkpoint.path.read_text())
@@ -391,26 +407,13 @@ def test_requests_that_come_together_share_one_checkpoint_write(
 def test_a_failed_shared_write_fails_every_request_of_the_batch(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node.manager.start()
-    saves = GatedSaves(node, monkeypatch)
-    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(4)]
-    first, answers = prepare_in_threads(node, refs[:1])
-    wait_for(lambda: node.manager.policy.claim_uids() == {"u0"}, "the first request staged")
-    rest, more = prepare_in_threads(node, refs[1:])
-    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
-    real = node.manager.checkpoint.save
-
-    def failing_after_first(*args: Any, **kwargs: Any) -> None:
-        if saves.count >= 1:
-            saves.count += 1
-            raise OSError(28, "No space left on device")
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(node.manager.checkpoint, "save", failing_after_first)
-    saves.gate.set()
-    for thread in first + rest:
+    saves, threads, answers = three_behind_a_write(node, monkeypatch, gated=(0, 1))
+    saves.gates[0].set()
+    wait_for(lambda: saves.waiting == 1, "the batch's write at its gate")
+    saves.failing = OSError(28, "No space left on device")
+    saves.gates[1].set()
+    for thread in threads:
         thread.join(30)
-    answers.update(more)
     assert answers["u0"].error is None
     for uid in ("u1", "u2", "u3"):
         assert "No space left on device" in str(answers[uid].error), answers[uid]
@@ -418,16 +421,17 @@ def test_a_failed_shared_write_fails_every_request_of_the_batch(
     assert node.manager.policy.claim_uids() == {"u0"}
     assert node.manager.committed_claims() == {"u0"}
     assert len(node.specs()) == 1
-    monkeypatch.setattr(node.manager.checkpoint, "save", real)  # the stop saves too
+    saves.failing = None  # the stop saves too
 
 
 @pytest.mark.usefixtures("patient_batches")
-def test_other_holders_of_the_lock_see_requests_whole(node: Node) -> None:
-    """A runtime event (or anyone but a kubelet request) that takes the lock while requests
-    are in flight waits for them: it sees their claims committed with their specs, never
-    a batch between its commit and its specs. And the batch does not wait for more."""
-    node.manager.start()
-    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(3)]
+def test_other_holders_of_the_lock_see_requests_whole(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime event (or anyone but a kubelet request) that comes while a batch is being
+    committed waits for the batch's requests: it sees all of their claims, committed and
+    with their specs, never a batch between its commit and its specs."""
+    saves, threads, answers = three_behind_a_write(node, monkeypatch, gated=(0, 1))
     seen: list[tuple[set[str], set[str], int]] = []
 
     def runtime_event() -> None:
@@ -438,14 +442,13 @@ def test_other_holders_of_the_lock_see_requests_whole(node: Node) -> None:
                 (set(node.manager.policy.claim_uids()), set(state.claims), len(node.specs()))
             )
 
-    with node.manager:
-        threads, answers = prepare_in_threads(node, refs)
-        wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
-        other = threading.Thread(target=runtime_event)
-        other.start()
-    for thread in [*threads, other]:
+    saves.gates[0].set()
+    wait_for(lambda: saves.waiting == 1, "the batch's write at its gate")
+    event = threading.Thread(target=runtime_event)
+    event.start()
+    saves.gates[1].set()
+    for thread in [*threads, event]:
         thread.join(30)
-    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
-    ((held, durable, specs),) = seen
-    assert held == durable, "the event saw claims that were not committed"
-    assert specs == len(held), "the event saw committed claims without their specs"
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2", "u3"])
+    all_four = {"u0", "u1", "u2", "u3"}
+    assert seen == [(all_four, all_four, 4)], "the event saw a batch half done"
