@@ -39,6 +39,9 @@ class PinningUsage:
     """Containers seen naming claims not reserved for their pods, so far."""
     cpu_manager_conflicts: int = 0
     """Cpusets the kubelet asked for, so far: its CPU manager pins containers too."""
+    container_errors: int = 0
+    """Containers given the shared pool because what the runtime sent about them could
+    not be read, or handling it failed, so far."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,12 @@ class _UsageCollector(Collector):
             "nodedra_cpu_manager_conflicts",
             "Cpusets the kubelet asked for: its CPU manager policy is not none.",
             value=pinning.cpu_manager_conflicts,
+        )
+        yield CounterMetricFamily(
+            "nodedra_container_errors",
+            "Containers given the shared pool because what the runtime sent about them "
+            "could not be read, or handling it failed.",
+            value=pinning.container_errors,
         )
 
 

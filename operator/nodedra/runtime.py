@@ -27,7 +27,7 @@ from nodedra.dra.requests import FETCH_WORKERS
 from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, load_config, make_policy
-from nodedra.resmgr import ManagerOptions, ResourceManager
+from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
 from nodedra.topology import Topology, format_cpu_list, read_topology
 
@@ -156,7 +156,7 @@ class Runtime:
         if settings.watch_claims:
             self.status = StatusWriter(api, self.manager, settings.node_name)
             observers.add(self.status)
-            self.claims = ClaimFeed(self.api_client, self.index, self.status.enqueue)
+            self.claims = ClaimFeed(self.api_client, self.index, self._claim_seen)
             self.metrics.count_claim_watch(self.claims.counts, self.status.counts)
         self.orphans = OrphanTracker(
             self.index, self.manager.committed_claims, settings.orphan_grace
@@ -239,6 +239,13 @@ class Runtime:
             "problems": problems,
         }
 
+    def _claim_seen(self, ref: ClaimRef, claim: dict[str, Any]) -> None:
+        """A claim of ours changed: its status may need writing, its pods pinning."""
+        assert self.status is not None
+        self.status.enqueue(ref, claim)
+        if self.manager.containers is not None:
+            self.manager.containers.reservation_seen(ref.uid, reserved_pods(claim))
+
     def on_slice_event(self) -> None:
         """One of our ResourceSlices changed or went away: check them against ours."""
         self.manager.plugin.resync()
@@ -279,6 +286,7 @@ class Runtime:
                     shared_cpus=len(policy.online_cpus() - policy.allocated_cpus()),
                     unreserved=containers.pinning.unreserved_total,
                     cpu_manager_conflicts=containers.cpu_manager_conflicts,
+                    container_errors=containers.pinning.invalid_total + containers.errors,
                 ),
                 feature_gates=self.manager.plugin.feature_gates(),
             )

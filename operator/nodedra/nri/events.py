@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError, Message
 
@@ -88,8 +88,11 @@ class RuntimeOwner(Protocol):
         """What the runtime should be told now, outside any event."""
         ...
 
-    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> None:
-        """``sent`` reached the runtime, except the containers ``failed`` names."""
+    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> bool:
+        """``sent`` reached the runtime, except the containers ``failed`` names.
+
+        True if updates are due again at once.
+        """
         ...
 
     def connection_changed(self, connected: bool, detail: str) -> None:
@@ -158,17 +161,38 @@ class Events:
         started = time.monotonic()
         result = "error"
         try:
-            answer = method(call.payload).SerializeToString()
+            answer = method(call.payload)
             result = "ok"
-            return answer
-        except DecodeError as err:
-            raise RPCError(INVALID_ARGUMENT, f"{call.method}: undecodable request: {err}") from err
+        except Exception as err:
+            if call.method == "Configure":
+                raise RPCError(INVALID_ARGUMENT, f"Configure: {err}") from err
+            answer = self._answer_despite(call, err)
         finally:
             with self._busy:
                 self._handling = False
                 self._busy.notify_all()
             if self._observer is not None:
                 self._observer.event_done(call.method, result, time.monotonic() - started)
+        return answer.SerializeToString()
+
+    def _answer_despite(self, call: Call, err: Exception) -> Message:
+        """The answer to an event whose handling raised: an empty one, not an error.
+
+        The runtime fails what it was doing when a plugin answers with an error, and on a
+        Synchronize drops the plugin: one container with something we could not read
+        would then stop the pinning of the whole node, again after every reconnection. An
+        empty answer leaves the one container as the runtime made it.
+        """
+        log.error(
+            "NRI: handling %s failed (%s), answered without changes",
+            call.method,
+            _concerning(call),
+            exc_info=err,
+        )
+        if call.method == "Synchronize":
+            self.reset()
+            self._on_synchronized()
+        return _EMPTY_ANSWERS.get(call.method, pb.Empty)()
 
     # The methods -----------------------------------------------------------------------
 
@@ -260,3 +284,35 @@ class Events:
         request = pb.PodContainerRequest.FromString(payload)
         self._owner.container_removed(pod_of(request.pod), container_of(request.container))
         return pb.Empty()
+
+
+_EMPTY_ANSWERS: dict[str, type[Message]] = {
+    "Synchronize": pb.SynchronizeResponse,
+    "CreateContainer": pb.CreateContainerResponse,
+    "UpdateContainer": pb.UpdateContainerResponse,
+    "StopContainer": pb.StopContainerResponse,
+}
+"""The answer of each event that changes nothing (pb.Empty for the others)."""
+
+
+def _concerning(call: Call) -> str:
+    """The container or pod a call concerns, in words, as far as it can be read."""
+    request_types: dict[str, type[Message]] = {
+        "CreateContainer": pb.CreateContainerRequest,
+        "UpdateContainer": pb.UpdateContainerRequest,
+        "StopContainer": pb.StopContainerRequest,
+        "RemoveContainer": pb.PodContainerRequest,
+        "RunPodSandbox": pb.PodContainerRequest,
+        "RemovePodSandbox": pb.PodContainerRequest,
+    }
+    request_type = request_types.get(call.method)
+    if request_type is None:
+        return f"{len(call.payload)} bytes"
+    try:
+        request: Any = request_type.FromString(call.payload)
+    except DecodeError:
+        return f"{len(call.payload)} undecodable bytes"
+    pod = f"pod {request.pod.namespace}/{request.pod.name}"
+    if request.HasField("container"):
+        return f"container {request.container.name!r} ({request.container.id}) of {pod}"
+    return pod

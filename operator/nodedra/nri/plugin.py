@@ -40,6 +40,8 @@ PINNING_MODES = ("required", "best-effort", "off")
 connected; best-effort: served anyway, containers are repaired once it connects; off: none."""
 CALL_TIMEOUT = 5.0
 """Seconds we wait for the runtime to answer one of our calls."""
+HANDLER_WAIT_WARNING = 10.0
+"""Seconds between two warnings that an ended connection's handler holds up the next."""
 
 
 @dataclass
@@ -142,6 +144,7 @@ class NRIPlugin:
             else:
                 reported = None
                 connection.wait_closed()
+                self._wait_handler(connection)
                 was_synchronized = self._closed(connection)
                 why = connection.close_reason or "closed"
                 log.warning("NRI: the connection to the runtime ended: %s", why)
@@ -189,6 +192,19 @@ class NRIPlugin:
             )
         return connection
 
+    def _wait_handler(self, connection: Connection) -> None:
+        """Wait until the ended connection's handler has returned.
+
+        It may still be deciding about a container (waiting for the resource manager's
+        lock) when the connection ends: what it records then, the runtime never got. A
+        new connection's Synchronize starts the books of containers again, so the old
+        handler must be done before it: two handlers never overlap.
+        """
+        while not connection.join(HANDLER_WAIT_WARNING):
+            log.warning(
+                "NRI: the handler of the ended connection is still busy; reconnecting after it"
+            )
+
     def _closed(self, connection: Connection) -> bool:
         """Forget ``connection``; whether it had been synchronized."""
         with self._cond:
@@ -221,7 +237,9 @@ class NRIPlugin:
             if not updates or connection is None:
                 continue
             failed = self._push(connection, updates)
-            self._owner.updates_sent(updates, failed)
+            if self._owner.updates_sent(updates, failed):
+                with self._cond:  # an event decided some of them anew meanwhile
+                    self._updates_wanted = True
             if failed:  # try those again later
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, backoff)

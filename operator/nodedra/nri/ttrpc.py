@@ -18,6 +18,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -112,6 +113,21 @@ class Connection:
     def wait_closed(self, timeout: float | None = None) -> bool:
         """Wait until the connection ends; whether it did."""
         return self._closed.wait(timeout)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the connection's threads have ended (after it closed); whether they did.
+
+        The handler ends after the request it is handling: no request is handled once the
+        connection has ended, but one begun before may still be.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (self._worker, self._reader):
+            if thread.ident is None or thread is threading.current_thread():
+                continue
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        return True
 
     def close(self, reason: str = "closed by nodedra") -> None:
         """End the connection: calls in flight fail, the threads stop."""
@@ -219,6 +235,8 @@ class Connection:
 
     def _serve(self) -> None:
         while (message := self._requests.get()) is not None:
+            if self._closed.is_set():
+                return  # nobody to answer: the runtime forgets what it asked on this one
             try:
                 request = ttrpc_pb2.Request.FromString(message.payload)
             except Exception as err:

@@ -73,19 +73,32 @@ CPUSET_VARIABLE = f"{ENV_PREFIX}CPUSET_"
 """The prefix of the variable naming a result's CPUs: every result's edits have one."""
 
 
+MAX_INDEX_DIGITS = 4
+"""Digits of a result index in a variable name: a claim has at most 32 results. The names
+are a container's to choose (pod specs, images' ``ENV``): a longer run of digits is no
+index of ours, and converting it could fail (Python refuses ints of over 4300 digits)."""
+
+
 def results_named(names: Iterable[str]) -> dict[str, frozenset[int]]:
     """The claims and result indexes whose variables ``names`` include.
 
     The inverse of :func:`grant_edits` on names alone (values are a container's to change,
     and never read). A name maps back to a UID by turning ``_`` into ``-`` again:
-    Kubernetes UIDs are UUIDs, which have no ``_``.
+    Kubernetes UIDs are UUIDs, which have no ``_``. Total: any name is either ours or
+    ignored, never an error.
     """
     found: dict[str, set[int]] = {}
     for name in names:
         if not name.startswith(CPUSET_VARIABLE):
             continue
         uid, sep, index = name[len(CPUSET_VARIABLE) :].rpartition("_")
-        if sep and uid and index.isascii() and index.isdigit():
+        if (
+            sep
+            and uid
+            and 0 < len(index) <= MAX_INDEX_DIGITS
+            and index.isascii()
+            and index.isdigit()
+        ):
             found.setdefault(uid.replace("_", "-"), set()).add(int(index))
     return {uid: frozenset(indexes) for uid, indexes in found.items()}
 

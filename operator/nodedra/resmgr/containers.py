@@ -9,10 +9,11 @@ by the NRI plugin after the lock is released.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 CONFLICT_WARNING_PERIOD = 600.0
 """Seconds between two error lines about the kubelet's CPU manager pinning too."""
+REFRESH_WAIT = 0.5
+"""Seconds an event waits for claims to be read (the runtime's NRI timeout is 2 s)."""
 
 
 def reserved_pods(claim: Mapping[str, Any]) -> frozenset[str]:
@@ -43,7 +46,13 @@ def reserved_pods(claim: Mapping[str, Any]) -> frozenset[str]:
 
 
 class ContainerPinner:
-    """Implements the NRI plugin's RuntimeOwner for the resource manager."""
+    """Implements the NRI plugin's RuntimeOwner for the resource manager.
+
+    Whatever the runtime sends about a container (names, devices, cpusets), a failure to
+    make sense of it is that container's alone: it gets the shared pool, a warning names
+    it, ``invalid_total``/``errors`` count it, and the connection and every other
+    container go on as before.
+    """
 
     def __init__(
         self,
@@ -54,18 +63,26 @@ class ContainerPinner:
         reservations: Callable[[], dict[str, Reservation]],
         api: ClusterAPI,
         on_synchronized: Callable[[], None],
+        on_changed: Callable[[], None] = lambda: None,
+        refresh_wait: float = REFRESH_WAIT,
     ) -> None:
         self._lock = lock
         self._policy = policy
         self._reservations = reservations
         self._api = api
         self._on_synchronized = on_synchronized
+        self._on_changed = on_changed
+        self._refresh_wait = refresh_wait
         self.pinning = Pinning(driver, policy.results_in_environment)
-        self._state = threading.Lock()  # guards the two fields below, never held long
+        self._reads = ClaimReads(self._read_reservation)
+        self._state = threading.Lock()  # guards the fields below, never held long
         self._connected = False
         self._warned = -CONFLICT_WARNING_PERIOD
         self.cpu_manager_conflicts = 0
         """Cpusets the kubelet asked for (for the metrics): a CPU manager is at work."""
+        self.errors = 0
+        """Events whose handling failed unexpectedly (for the metrics): each the failure
+        of the one container it concerned, which got the shared pool."""
         self.detail = "not connected yet"
         """What the runtime connection is like, in words (for readiness and logs)."""
 
@@ -89,33 +106,56 @@ class ContainerPinner:
     # RuntimeOwner ------------------------------------------------------------------------
 
     def synchronize(self, pods: Sequence[Pod], containers: Sequence[Container]) -> list[Update]:
-        """Start again from what the runtime has: every container to what it should run on."""
+        """Start again from what the runtime has: every container to what it should run on.
+
+        Containers naming a claim not reserved for their pod as far as the books know
+        (a pod that shares the claim since its prepare, created while we were away) are
+        decided once whom those claims are reserved for has been read again.
+        """
         known = {pod.id: pod for pod in pods}
+
+        def pod_of(container: Container) -> Pod:
+            return known.get(container.pod_id) or Pod(container.pod_id, "", "", "")
+
+        with self._books() as books:
+            unreserved = set()
+            for container in containers:
+                pod = pod_of(container)
+                with contextlib.suppress(Exception):  # then it fails below, on its own
+                    unreserved |= _refreshable(pod, self.pinning.decide(pod, container, books))
+        self._refresh(unreserved)
         updates = []
         with self._books() as books:
             self.pinning.reset(pods)
             for container in containers:
-                pod = known.get(container.pod_id) or Pod(container.pod_id, "", "", "")
-                decision = self.pinning.decide(pod, container, books)
-                self.pinning.track(pod, container, decision, decision.cpuset)
-                if not same(decision.cpuset, container.cpuset):
-                    updates.append(Update(container.id, decision.cpuset))
+                pod = pod_of(container)
+                try:
+                    decision = self.pinning.decide(pod, container, books)
+                    self.pinning.track(pod, container, decision, decision.cpuset)
+                    if not same(decision.cpuset, container.cpuset):
+                        updates.append(Update(container.id, decision.cpuset))
+                except Exception:  # a bug of ours: this container's failure, not the rest's
+                    shared = self._failed("Synchronize", pod, container, books)
+                    updates.append(Update(container.id, shared))
         return updates
 
     def create_container(
         self, pod: Pod, container: Container
     ) -> tuple[CPUSet | None, list[Update]]:
         """Pin the new container, and bring any other container still behind up to date."""
-        self._cpu_manager_check(container.cpuset, f"container {container.name} of pod {pod}")
-        with self._books() as books:
-            self.pinning.pods[pod.id] = pod
-            decision = self.pinning.decide(pod, container, books)
-            if not decision.unreserved:
+        self._cpu_manager_check(container.cpuset, f"container {container.name!r} of pod {pod}")
+        try:
+            with self._books() as books:
+                self.pinning.pods[pod.id] = pod
+                decision = self.pinning.decide(pod, container, books)
+                if not _refreshable(pod, decision):
+                    return self._created(pod, container, decision, books)
+            self._refresh(decision.unreserved)  # outside the lock: API calls
+            with self._books() as books:
+                decision = self.pinning.decide(pod, container, books)
                 return self._created(pod, container, decision, books)
-        self._refresh(decision.unreserved)  # outside the lock: an API call
-        with self._books() as books:
-            decision = self.pinning.decide(pod, container, books)
-            return self._created(pod, container, decision, books)
+        except Exception:  # a bug of ours: this container's failure, not the rest's
+            return self._failed("CreateContainer", pod, container), []
 
     def _created(
         self, pod: Pod, container: Container, decision: Decision, books: Books
@@ -127,11 +167,18 @@ class ContainerPinner:
 
     def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
         """The kubelet changes a container's resources: its cpuset stays ours."""
-        self._cpu_manager_check(requested, f"container {container.name} of pod {pod}")
-        with self._books() as books:
-            decision = self.pinning.decide(pod, container, books)
-            self.pinning.track(pod, container, decision, decision.cpuset)
-        return [Update(container.id, decision.cpuset)]
+        self._cpu_manager_check(requested, f"container {container.name!r} of pod {pod}")
+        try:
+            with self._books() as books:
+                decision = self.pinning.decide(pod, container, books)
+            if _refreshable(pod, decision):
+                self._refresh(decision.unreserved)
+            with self._books() as books:
+                decision = self.pinning.decide(pod, container, books)
+                self.pinning.track(pod, container, decision, decision.cpuset)
+                return [Update(container.id, decision.cpuset)]
+        except Exception:  # a bug of ours: this container's failure, not the rest's
+            return [Update(container.id, self._failed("UpdateContainer", pod, container))]
 
     def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
         """A stopped container needs no CPUs (claims give theirs back when unprepared)."""
@@ -157,12 +204,16 @@ class ContainerPinner:
     def pending_updates(self) -> list[Update]:
         """The containers whose cpuset must change, and to what."""
         with self._books() as books:
-            return self.pinning.stale(books)
+            return self.pinning.stale_to_send(books)
 
-    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> None:
-        """The runtime applied ``sent``, but for the containers ``failed`` names."""
+    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> bool:
+        """The runtime applied ``sent``, but for the containers ``failed`` names.
+
+        True if updates are due again: an event decided one of them anew meanwhile.
+        """
         with self._lock():
-            self.pinning.told(sent, failed)
+            self.pinning.sent(sent, failed)
+            return self.pinning.behind and not failed
 
     def connection_changed(self, connected: bool, detail: str) -> None:
         """Note the runtime connection; claims may be served once it is synchronized."""
@@ -172,7 +223,76 @@ class ContainerPinner:
         if connected:
             self._on_synchronized()
 
+    # Whom claims are reserved for ----------------------------------------------------------
+
+    def reservation_seen(self, uid: str, pods: frozenset[str]) -> None:
+        """Claim ``uid`` is reserved for ``pods`` now (the claim watch, or a read of ours).
+
+        Pods are only ever added: a pod that shares a claim is reserved after its prepare,
+        and one that is done is removed once its containers are; pinning is for running
+        containers, whose pods were reserved when they started. Containers of pods added
+        are brought onto the claim's CPUs by the update sender.
+        """
+        known = self._reservations().get(uid)  # unlocked: a cheap look, checked again
+        if known is None or pods <= known.pods:
+            return
+        with self._lock():
+            current = self._reservations()
+            known = current.get(uid)
+            if known is None or pods <= known.pods:
+                return
+            current[uid] = Reservation(known.namespace, known.name, known.pods | pods)
+            self.pinning.behind = True
+        self._on_changed()
+
+    def _refresh(self, uids: Iterable[str]) -> None:
+        """Read whom claims ``uids`` are reserved for now, waiting a bounded time.
+
+        The runtime waits for our answer (2 s by default) while holding its own lock, so
+        the API server is never waited for long here: a read that takes longer is applied
+        when it ends, and the update sender then moves the containers it concerns.
+        """
+        self._reads.refresh(uids, self._refresh_wait)
+
+    def _read_reservation(self, uid: str) -> None:
+        with self._lock():
+            known = self._reservations().get(uid)
+        if known is None or not known.name:
+            return
+        try:
+            claim = self._api.get_claim(known.namespace, known.name)
+        except KubeAPIError as err:
+            log.warning("claim %s: cannot read whom it is reserved for: %s", uid, err)
+            return
+        if str((claim.get("metadata") or {}).get("uid")) == uid:
+            self.reservation_seen(uid, reserved_pods(claim))
+
     # Internals -----------------------------------------------------------------------------
+
+    def _failed(
+        self, event: str, pod: Pod, container: Container, books: Books | None = None
+    ) -> CPUSet:
+        """Handling ``event`` for ``container`` raised: it gets the shared pool.
+
+        The shared pool is returned and tracked as the container's; the failure is logged
+        and counted.
+        """
+        with self._state:
+            self.errors += 1
+        log.exception(
+            "NRI %s of container %r (%s) of pod %s failed: it gets the shared pool",
+            event,
+            container.name,
+            container.id,
+            pod,
+        )
+        with contextlib.ExitStack() as stack:
+            if books is None:
+                books = stack.enter_context(self._books())
+            shared = books.shared_cpuset
+            with contextlib.suppress(Exception):
+                self.pinning.track(pod, container, Decision(shared, {}), shared)
+            return shared
 
     def _cpu_manager_check(self, asked: CPUSet, what: str) -> None:
         """The kubelet sets cpusets only with a CPU manager policy other than none.
@@ -189,33 +309,65 @@ class ContainerPinner:
                 return
             self._warned = now
         log.error(
-            "the kubelet asked for cpuset %s for %s: its CPU manager policy is not none, so "
+            "the kubelet asked for cpuset %r for %s: its CPU manager policy is not none, so "
             "it pins containers too, and the CPUs it hands out are nodedra's to give. Set "
             "cpuManagerPolicy: none in the kubelet's configuration on nodes nodedra pins",
             asked.cpus,
             what,
         )
 
-    def _refresh(self, uids: Sequence[str]) -> None:
-        """Read whom claims ``uids`` are reserved for now (pods share claims).
 
-        The kubelet prepares a claim once per node, when its first pod starts; a later pod
-        of the node that shares it is in its ``reservedFor`` only from then on.
-        """
-        for uid in uids:
-            with self._lock():
-                known = self._reservations().get(uid)
-            if known is None or not known.name:
-                continue
-            try:
-                claim = self._api.get_claim(known.namespace, known.name)
-            except KubeAPIError as err:
-                log.warning("claim %s: cannot read whom it is reserved for: %s", uid, err)
-                continue
-            if str((claim.get("metadata") or {}).get("uid")) != uid:
-                continue
-            pods = reserved_pods(claim)
-            with self._lock():
-                current = self._reservations()
-                if uid in current:
-                    current[uid] = Reservation(known.namespace, known.name, pods)
+def _refreshable(pod: Pod, decision: Decision) -> set[str]:
+    """The claims worth reading again for ``decision``.
+
+    Those a pod names but, as far as the books know, is not reserved for; only for a pod
+    with a UID, which a reservation can name.
+    """
+    return set(decision.unreserved) if pod.uid else set()
+
+
+class ClaimReads:
+    """Reads of claims off the runtime's event path, at most one in flight per claim.
+
+    An event asks for the claims it needs and waits for them a bounded time; a claim
+    already being read is waited for, not read again, so an event costs at most one read
+    per claim, never one per container.
+    """
+
+    def __init__(self, read: Callable[[str], None]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, threading.Event] = {}
+
+    def refresh(self, uids: Iterable[str], wait: float) -> None:
+        """Read each of ``uids`` (once), waiting at most ``wait`` seconds in all."""
+        waits = []
+        with self._lock:
+            for uid in sorted(set(uids)):
+                done = self._in_flight.get(uid)
+                if done is None:
+                    done = self._in_flight[uid] = threading.Event()
+                    threading.Thread(
+                        target=self._run, args=(uid, done), name="claim-read", daemon=True
+                    ).start()
+                waits.append(done)
+        deadline = time.monotonic() + wait
+        for done in waits:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "whom %d claims are reserved for was not read within %.1f s: their "
+                    "containers are decided from what the books say, and moved once read",
+                    len(waits),
+                    wait,
+                )
+                return
+
+    def _run(self, uid: str, done: threading.Event) -> None:
+        try:
+            self._read(uid)
+        except Exception:
+            log.exception("reading whom claim %s is reserved for failed", uid)
+        finally:
+            with self._lock:
+                self._in_flight.pop(uid, None)
+            done.set()

@@ -89,6 +89,7 @@ class ResourceManager:
                 reservations=lambda: self._reservations,
                 api=self.plugin.cluster_api,
                 on_synchronized=self.plugin.allow_claims,
+                on_changed=self._request_updates,
             )
             self.nri = NRIPlugin(self.containers, options.nri)
             self._nri_socket = options.nri.socket_path
@@ -156,6 +157,11 @@ class ResourceManager:
         due, self._updates_due = self._updates_due, False
         self._lock.release()
         if due and self.nri is not None:
+            self.nri.request_updates()
+
+    def _request_updates(self) -> None:
+        """Whom a claim is reserved for changed (outside the lock): containers may move."""
+        if self.nri is not None:
             self.nri.request_updates()
 
     def __enter__(self) -> bool:

@@ -83,15 +83,21 @@ class Decision:
     """The claims (and result indexes) honoured; empty: the shared pool."""
     unreserved: tuple[str, ...] = ()
     """Claims the container names that were not reserved for its pod."""
+    error: str = ""
+    """What in the container made its claims unreadable ("" if nothing): then it gets the
+    shared pool, as a container without claims."""
 
 
 @dataclass
 class _Tracked:
     container: Container
     pod: Pod
-    told: CPUSet
-    """What the runtime runs the container with, as far as we know."""
+    told: CPUSet | None
+    """What the runtime runs the container with, as far as we know; None: we do not know
+    (an update of ours crossed a newer decision, and either may have been applied last)."""
     pinned: bool = False
+    decided: int = 0
+    """When its cpuset was last decided (``Pinning.decisions`` then)."""
 
 
 @dataclass
@@ -104,10 +110,17 @@ class Pinning:
     containers: dict[str, _Tracked] = field(default_factory=dict)
     unreserved_total: int = 0
     """Containers that named a claim not reserved for their pod (for the metrics)."""
+    invalid_total: int = 0
+    """Containers whose claims could not be read from what the runtime sent (the metrics)."""
     behind: bool = False
     """Whether some container may run on other CPUs than it should: the books changed (a
     commit), or the runtime failed an update. Until then looking for stale containers,
     which costs a decision per container, finds nothing and is skipped."""
+    decisions: int = 0
+    """Decisions recorded so far: the generation of what each container was told."""
+    _sending: dict[str, int] = field(default_factory=dict)
+    """Updates computed for the sender and not yet reported back: the container's
+    ``decided`` when each was computed."""
 
     def held(self, container: Container) -> dict[str, frozenset[int]]:
         """The claims (and result indexes) of our driver that ``container`` names."""
@@ -119,10 +132,19 @@ class Pinning:
         return self.results_in_environment(container.env_names)
 
     def decide(self, pod: Pod, container: Container, books: Books) -> Decision:
-        """What ``container`` of ``pod`` should run on."""
+        """What ``container`` of ``pod`` should run on; never an error.
+
+        Names, UIDs and sizes come from pod specs and images, which no API validation
+        saw: if reading them fails, the container gets the shared pool and the decision
+        says why, and no other container is affected.
+        """
+        try:
+            held = self.held(container)
+        except Exception as err:  # a bug of a parser on untrusted input: this container's
+            return Decision(books.shared_cpuset, {}, (), f"{type(err).__name__}: {err}")
         honoured: dict[str, frozenset[int]] = {}
         unreserved = []
-        for uid, indexes in sorted(self.held(container).items()):
+        for uid, indexes in sorted(held.items()):
             grants = books.grants.get(uid)
             if grants is None:
                 continue  # not a claim we hold (any more): nothing of ours to give
@@ -130,7 +152,7 @@ class Pinning:
             if not pod.uid or reservation is None or pod.uid not in reservation.pods:
                 unreserved.append(uid)
                 continue
-            usable = frozenset(i for i in indexes if i < len(grants))
+            usable = frozenset(i for i in indexes if 0 <= i < len(grants))
             if usable:
                 honoured[uid] = usable
         if not honoured:
@@ -147,11 +169,23 @@ class Pinning:
     def track(self, pod: Pod, container: Container, decision: Decision, told: CPUSet) -> None:
         """Remember ``container`` and what the runtime runs it with; log a pinning."""
         known = self.containers.get(container.id)
-        self.containers[container.id] = _Tracked(container, pod, told, bool(decision.claims))
+        self.decisions += 1
+        self.containers[container.id] = _Tracked(
+            container, pod, told, bool(decision.claims), self.decisions
+        )
+        if decision.error and known is None:
+            self.invalid_total += 1
+            log.warning(
+                "container %r of pod %s: its claims cannot be read from what the runtime "
+                "sent (%s): it gets the shared pool",
+                container.name,
+                pod,
+                decision.error,
+            )
         if decision.unreserved and known is None:
             self.unreserved_total += 1
             log.warning(
-                "container %s of pod %s names claims %s not reserved for its pod: it gets "
+                "container %r of pod %s names claims %s not reserved for its pod: it gets "
                 "the shared pool, not their CPUs",
                 container.name,
                 pod,
@@ -159,7 +193,7 @@ class Pinning:
             )
         if decision.claims and (known is None or known.told != told):
             log.info(
-                "container %s of pod %s pinned to CPUs %s, memory nodes %s (claims %s)",
+                "container %r of pod %s pinned to CPUs %s, memory nodes %s (claims %s)",
                 container.name,
                 pod,
                 told.cpus,
@@ -170,11 +204,13 @@ class Pinning:
     def forget(self, container_id: str) -> None:
         """A container stopped or went away: it no longer needs CPUs."""
         self.containers.pop(container_id, None)
+        self._sending.pop(container_id, None)
 
     def reset(self, pods: Sequence[Pod]) -> None:
         """Start again from what the runtime says it has (a new connection)."""
         self.pods = {pod.id: pod for pod in pods}
         self.containers = {}
+        self._sending = {}
         self.behind = False
 
     def stale(self, books: Books, exclude: str = "") -> list[Update]:
@@ -190,16 +226,48 @@ class Pinning:
             if known.container.id == exclude:
                 continue
             wanted = self.decide(known.pod, known.container, books).cpuset
-            if not same(wanted, known.told):
+            if known.told is None or not same(wanted, known.told):
                 updates.append(Update(known.container.id, wanted))
         return updates
 
-    def told(self, updates: Iterable[Update], failed: Iterable[str] = ()) -> None:
-        """The runtime applied ``updates``, except for the containers in ``failed``."""
+    def stale_to_send(self, books: Books) -> list[Update]:
+        """:meth:`stale`, for updates sent outside an event: report them with :meth:`sent`.
+
+        Such an update travels while the runtime may ask about its container again (an
+        event decides it anew and answers at once): which of the two the runtime applies
+        last is not ours to know, so :meth:`sent` checks whether a decision came between.
+        """
+        updates = self.stale(books)
+        for update in updates:
+            self._sending[update.container_id] = self.containers[update.container_id].decided
+        return updates
+
+    def told(self, updates: Iterable[Update]) -> None:
+        """An event's answer carries ``updates``: they are the containers' newest decision."""
+        for update in updates:
+            known = self.containers.get(update.container_id)
+            if known is not None:
+                self.decisions += 1
+                known.decided = self.decisions
+                known.told = merged(known.told or CPUSet(""), update.cpuset)
+
+    def sent(self, updates: Iterable[Update], failed: Iterable[str] = ()) -> None:
+        """The runtime applied ``updates`` of :meth:`stale_to_send`, except for ``failed``.
+
+        An update whose container was decided anew before it was applied may have
+        overwritten the newer answer: what the container runs with is then unknown, and
+        it is sent what it should have once more.
+        """
         missed = set(failed)
         for update in updates:
             known = self.containers.get(update.container_id)
-            if known is not None and update.container_id not in missed:
+            computed = self._sending.pop(update.container_id, None)
+            if known is None:
+                continue
+            if computed != known.decided:
+                known.told = None
+                self.behind = True
+            elif update.container_id not in missed and known.told is not None:
                 known.told = merged(known.told, update.cpuset)
         if missed:
             self.behind = True
@@ -211,22 +279,32 @@ class Pinning:
 
 
 def same(wanted: CPUSet, current: CPUSet) -> bool:
-    """Whether a container running with ``current`` has what ``wanted`` asks for."""
+    """Whether a container running with ``current`` has what ``wanted`` asks for.
+
+    ``current`` is what the runtime says: a list that is no cpu list is not ``wanted``.
+    """
     if wanted == current:
         return True
-    if _parsed(wanted.cpus) != _parsed(current.cpus):
+    cpus = _parsed(current.cpus)
+    if cpus is None or _parsed(wanted.cpus) != cpus:
         return False
-    return not wanted.mems or _parsed(wanted.mems) == _parsed(current.mems)
+    if not wanted.mems:
+        return True
+    mems = _parsed(current.mems)
+    return mems is not None and _parsed(wanted.mems) == mems
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed(cpu_list: str) -> frozenset[int]:
-    """A CPU list as a set, remembered.
+def _parsed(cpu_list: str) -> frozenset[int] | None:
+    """A CPU list as a set, remembered; None if it is not one.
 
     A node's containers run on few distinct CPU lists: a Synchronize compares a thousand
     containers' cpusets with the same shared pool.
     """
-    return parse_cpu_list(cpu_list)
+    try:
+        return parse_cpu_list(cpu_list)
+    except ValueError:
+        return None
 
 
 def merged(current: CPUSet, change: CPUSet) -> CPUSet:

@@ -71,11 +71,12 @@ class Owner:
     def pending_updates(self) -> list[Update]:
         return list(self.pending)
 
-    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> None:
+    def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> bool:
         with self.changed:
             self.sent.append((list(sent), list(failed)))
             self.pending = [u for u in self.pending if u.container_id in failed]
             self.changed.notify_all()
+        return False
 
     def connection_changed(self, connected: bool, detail: str) -> None:
         with self.changed:
@@ -281,3 +282,81 @@ def test_garbage_drops_the_connection_and_it_is_made_again(
     assert plugin.wait_synchronized(10)
     assert owner.connections == [True, False, True]
     assert len(owner.synchronized) == 2
+
+
+def test_a_handler_of_an_ended_connection_is_done_before_the_next_connects(
+    runtime: Runtime, plugin: NRIPlugin, owner: Owner
+) -> None:
+    """What the old handler records (a cpuset the runtime never got) must come before the
+    new connection's Synchronize, which starts the books again: never overlap it."""
+    peer = runtime.accept()
+    runtime.connect(peer)
+    owner.hold_creation.clear()
+    request = pb.CreateContainerRequest(pod=pb.PodSandbox(id="p"), container=container(1))
+    peer.call(runtime.next_id, PLUGIN, "CreateContainer", request.SerializeToString())
+    assert owner.creating.wait(10)
+    peer.sock.close()  # the runtime restarts while the event is being handled
+    runtime.server.settimeout(1)
+    with pytest.raises(TimeoutError):
+        runtime.accept()  # no new connection while the old handler is busy
+    runtime.server.settimeout(30)
+    owner.hold_creation.set()
+    again = runtime.accept()
+    runtime.connect(again)
+    assert plugin.wait_synchronized(10)
+    assert [c.id for c in owner.created] == ["c1"]
+    assert len(owner.synchronized) == 2
+
+
+class RaisingOwner(Owner):
+    """An owner with a bug that a container's odd name reaches."""
+
+    def create_container(
+        self, pod: Pod, container: Container
+    ) -> tuple[CPUSet | None, list[Update]]:
+        if container.name.startswith("odd"):
+            raise ValueError(f"cannot read {container.name!r}")
+        return super().create_container(pod, container)
+
+    def synchronize(self, pods: Sequence[Pod], containers: Sequence[Container]) -> list[Update]:
+        if any(c.name.startswith("odd") for c in containers):
+            raise ValueError("cannot read a container")
+        return super().synchronize(pods, containers)
+
+
+@pytest.fixture
+def raising_owner() -> Owner:
+    return RaisingOwner()
+
+
+def test_an_event_that_raises_is_answered_and_the_connection_stays(
+    runtime: Runtime, raising_owner: Owner
+) -> None:
+    """The runtime fails a container, and drops a plugin whose Synchronize fails: an
+    error answer would let one container switch pinning off for the whole node."""
+    options = PluginOptions(socket_path=runtime.path, index="42", min_backoff=0.05)
+    nri = NRIPlugin(raising_owner, options)
+    nri.start()
+    try:
+        peer = runtime.accept()
+        runtime.connect(peer)
+        odd = pb.Container(
+            id="c-odd",
+            pod_sandbox_id="p",
+            name="odd\udcff".encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+        )
+        request = pb.CreateContainerRequest(pod=pb.PodSandbox(id="p"), container=odd)
+        answer = runtime.call(peer, "CreateContainer", request)
+        assert answer.status.code == 0
+        assert not pb.CreateContainerResponse.FromString(answer.payload).HasField("adjust")
+        sync = runtime.call(peer, "Synchronize", pb.SynchronizeRequest(containers=[odd]))
+        assert sync.status.code == 0
+        assert nri.synchronized
+        good = pb.CreateContainerRequest(pod=pb.PodSandbox(id="p"), container=container(2))
+        adjusted = pb.CreateContainerResponse.FromString(
+            runtime.call(peer, "CreateContainer", good).payload
+        )
+        assert adjusted.adjust.linux.resources.cpu.cpus == "4-5", "the others go on"
+        assert raising_owner.connections == [True, True]
+    finally:
+        nri.stop()

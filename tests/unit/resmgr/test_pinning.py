@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from nodedra.nri import Container, CPUSet, Pod
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodedra.nri import Container, CPUSet, Pod, Update
 from nodedra.policy import Grant
 from nodedra.policy.ledger import results_named
 from nodedra.resmgr.pinning import Books, Pinning, Reservation, same
@@ -79,14 +82,17 @@ def test_only_containers_behind_what_they_should_have_are_updated() -> None:
     freed = Books(BOOKS.grants, BOOKS.reservations, BOOKS.online, parse_cpu_list("4-5"))
     assert books.stale(freed) == [], "nothing changed as far as the books know"
     books.behind = True  # a commit: claim(s) came or went
-    (update,) = books.stale(freed)
+    (update,) = books.stale_to_send(freed)
     assert update.cpuset.cpus == "0-3,6-55"
-    books.told([update])
+    books.sent([update])
     assert books.stale(freed) == []
     books.behind = True
     assert books.stale(freed) == [], "told: it has what it should"
-    books.told([update], failed=[update.container_id])
+    books.behind = True
+    assert books.stale_to_send(BOOKS) == [Update("c1", CPUSet("0-3,6-29,31-55"))]
+    books.sent([Update("c1", CPUSet("0-3,6-29,31-55"))], failed=["c1"])
     assert books.behind, "a failed update is tried again"
+    assert books.stale_to_send(BOOKS) == [Update("c1", CPUSet("0-3,6-29,31-55"))]
 
 
 def test_cpu_lists_are_compared_as_sets() -> None:
@@ -105,3 +111,39 @@ def test_variable_names_map_back_to_claims_and_results() -> None:
         "DRA_CPUSET_a_b",
     }
     assert results_named(names) == {UID: frozenset({0, 12})}
+
+
+ANY_TEXT = st.text(st.characters(codec="utf-8"), max_size=80)
+NAMES = st.one_of(
+    ANY_TEXT,
+    st.builds(lambda s: f"DRA_CPUSET_{s}", ANY_TEXT),
+    st.builds(lambda u, i: f"DRA_CPUSET_{u}_{i}", ANY_TEXT, st.integers(min_value=0)),
+    st.builds(lambda n: f"DRA_CPUSET_x_{'7' * n}", st.integers(0, 6000)),
+)
+CDI_NAMES = st.one_of(
+    ANY_TEXT,
+    st.builds(lambda s: f"{DRIVER}/device=claim-{s}", ANY_TEXT),
+    st.builds(lambda n: f"{DRIVER}/device=claim-{UID}-{'1' * n}", st.integers(0, 6000)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    env=st.frozensets(NAMES, max_size=6),
+    cdi=st.lists(CDI_NAMES, max_size=4),
+    cpus=ANY_TEXT,
+    uid=ANY_TEXT,
+)
+def test_whatever_a_container_is_made_of_it_gets_a_decision(
+    env: frozenset[str], cdi: list[str], cpus: str, uid: str
+) -> None:
+    """Names, devices and cpusets are untrusted: every parser on the way is total."""
+    pod = Pod("sb", uid, "ns", "p")
+    odd = Container("c", pod.id, "main", tuple(cdi), env, CPUSet(cpus, cpus))
+    books = pinning()
+    decision = books.decide(pod, odd, BOOKS)
+    assert decision.error == ""
+    assert decision.cpuset == BOOKS.shared_cpuset or decision.claims
+    assert isinstance(same(decision.cpuset, odd.cpuset), bool)
+    books.track(pod, odd, decision, odd.cpuset)
+    assert isinstance(books.stale(BOOKS), list)
