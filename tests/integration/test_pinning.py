@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nodedra.dra import claim_of_cdi_device
 from nodedra.resmgr import Checkpoint
@@ -457,3 +459,137 @@ def test_best_effort_serves_claims_without_the_runtime_and_repairs_at_sync(
     )
     node.runtime.wait_sync(1, timeout=60)
     assert node.cpus_of("ctr-early") == cpus
+
+
+def share_claim(node: Node, owner: str, sharer: str) -> str:
+    """Pod ``sharer`` uses the claim of pod ``owner`` (after its prepare); its UID once the
+    scheduler has added it to the claim's reservedFor."""
+    claim_name = pod_claim_name(get_pod(node.cp, node.namespace, owner), "cpus")
+    assert claim_name is not None
+    container = {"name": "demo", "image": "busybox", "resources": {"claims": [{"name": "cpus"}]}}
+    pod = pod_on(
+        node.kubelet.node_name,
+        sharer,
+        [container],
+        [{"name": "cpus", "resourceClaimName": claim_name}],
+    )
+    node.cp.request("POST", f"/api/v1/namespaces/{node.namespace}/pods", pod)
+    uid: str = wait_pod_scheduled(node.cp, node.namespace, sharer)["metadata"]["uid"]
+
+    def reserved() -> bool | None:
+        claim = get_claim(node.cp, node.namespace, claim_name)
+        pods = {r["uid"] for r in claim["status"].get("reservedFor") or []}
+        return True if uid in pods else None
+
+    poll(reserved, 30, lambda: f"claim {claim_name} reserved for pod {sharer}")
+    return uid
+
+
+def test_a_pod_sharing_a_claim_created_while_nodedra_is_away_gets_its_cpus(node: Node) -> None:
+    """Reserved for a second pod after its prepare; the runtime creates that pod's container
+    while nodedra is not connected. The Synchronize reads whom the claim is for now."""
+    claim = start_claim_pod(node.cp, node.namespace, node.kubelet.node_name, "owner", {"cpu": "2"})
+    ids = node.kubelet.prepare(node.namespace, "owner")["demo"]
+    owner_uid = get_pod(node.cp, node.namespace, "owner")["metadata"]["uid"]
+    first = node.create(owner_uid, "owner", ids)
+    cpus, _ = node.grants(claim["metadata"]["uid"])
+    sharer_uid = share_claim(node, "owner", "sharer")
+    assert node.nodedra.terminate() == 0
+    second = node.create(sharer_uid, "sharer", ids)
+    syncs = len(node.runtime.syncs())
+    node.start_nodedra()
+    node.runtime.wait_sync(syncs + 1)
+    node.wait_cpus(second, cpus)
+    assert node.cpus_of(first) == cpus
+    node.runtime.restart(down=0.5)
+    node.runtime.wait_sync(syncs + 2, timeout=60)
+    assert node.cpus_of(second) == cpus, "and it stays there through a runtime restart"
+
+
+HOSTILE_TEXT = st.text(max_size=40)
+CPUSET_NAME = st.one_of(
+    HOSTILE_TEXT,
+    st.builds(lambda s: f"DRA_CPUSET_{s}", HOSTILE_TEXT),
+    st.builds(lambda n: f"DRA_CPUSET_x_{'9' * n}", st.integers(0, 6000)),
+)
+
+
+@st.composite
+def hostile_containers(draw: st.DrawFn, claim_uid: str) -> tuple[PodSpec, ContainerSpec]:
+    """A pod and a container made of untrusted names, values and sizes: environment
+    names as images' ENV may have them, CDI device names, labels, annotations, a cpuset
+    the runtime reports, and the claim of another pod named in every way we read."""
+    serial = draw(st.uuids()).hex
+    pod = PodSpec(
+        f"sb-h-{serial}",
+        name=draw(HOSTILE_TEXT),
+        namespace=draw(HOSTILE_TEXT),
+        uid=draw(st.one_of(HOSTILE_TEXT, st.uuids().map(str))),
+        labels=draw(st.dictionaries(HOSTILE_TEXT, HOSTILE_TEXT, max_size=3)),
+        annotations=draw(st.dictionaries(HOSTILE_TEXT, HOSTILE_TEXT, max_size=3)),
+    )
+    env_names = draw(st.lists(CPUSET_NAME, max_size=5))
+    env_names.append(env_name(claim_uid, draw(st.integers(0, 10**30))))
+    env = [f"{name}={draw(HOSTILE_TEXT)}" for name in env_names]
+    index = draw(
+        st.one_of(st.integers(0, 40).map(str), st.builds(lambda n: "1" * n, st.integers(1, 6000)))
+    )
+    cdi = draw(
+        st.lists(
+            st.one_of(
+                HOSTILE_TEXT,
+                st.just(f"{TOPOLOGY_AWARE}/device=claim-{claim_uid}-{index}"),
+                st.builds(lambda s: f"{TOPOLOGY_AWARE}/device=claim-{s}", HOSTILE_TEXT),
+            ),
+            max_size=4,
+        )
+    )
+    container = ContainerSpec(
+        f"ctr-h-{serial}",
+        pod.id,
+        name=draw(HOSTILE_TEXT),
+        env=env,
+        cdi_devices=cdi,
+        labels=draw(st.dictionaries(HOSTILE_TEXT, HOSTILE_TEXT, max_size=3)),
+        annotations={"big": "x" * draw(st.integers(0, 1 << 16))},
+        resources=Resources(cpus=draw(st.one_of(HOSTILE_TEXT, st.just("0-3")))),
+    )
+    return pod, container
+
+
+def test_no_container_can_switch_pinning_off_for_the_node(node: Node) -> None:
+    """Whatever a container is made of, the runtime's events about it succeed, it gets the
+    shared pool, the connection stays, and the claim's container keeps its CPUs: through
+    CreateContainer, UpdateContainer and a Synchronize of them all."""
+    uid, claimed = node.claim_pod("claimer", {"cpu": "2"})
+    cpus, _ = node.grants(uid)
+    created: list[str] = []
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(hostile=hostile_containers(uid))
+    def one_container(hostile: tuple[PodSpec, ContainerSpec]) -> None:
+        pod, container = hostile
+        node.runtime.run_pod(pod)
+        result = node.runtime.create_container(container, start=True)
+        created.append(container.id)
+        assert parse_cpu_list(result.container.cpus) == node.shared()
+        update = node.runtime.update_container(container.id, Resources(cpus="0-3"))
+        assert parse_cpu_list(update.container.cpus) == node.shared()
+
+    one_container()
+    (plugin,) = [p for p in node.runtime.plugins() if not p.closed]
+    assert plugin.synchronized
+    assert node.cpus_of(claimed) == cpus
+    syncs = len(node.runtime.syncs())
+    node.runtime.restart(down=0.5)
+    node.runtime.wait_sync(syncs + 1, timeout=60)
+    assert node.cpus_of(claimed) == cpus
+    assert {cid: node.cpus_of(cid) for cid in created} == dict.fromkeys(created, node.shared())
+    late = node.plain_container("late")
+    assert node.cpus_of(late) == node.shared()
+    assert node.nodedra.metric("nodedra_container_errors_total") == 0, "no parser raised"
