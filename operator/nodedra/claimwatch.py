@@ -60,6 +60,7 @@ class ClaimIndex:
         self._claims: dict[str, ClaimRef] = {}
         self._uid_marks: tuple[bytes, ...] = ()
         self._synced = False
+        self._stretch = 0  # how many times the index became synced
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, claim: Mapping[str, Any]) -> ClaimRef | None:
@@ -95,11 +96,41 @@ class ClaimIndex:
             self._claims = {u: r for u, r in self._claims.items() if u in uids}
             self._uid_marks = tuple(_quoted(u) for u in self._claims)
             self._synced = True
+            self._stretch += 1
+
+    def following(self) -> None:
+        """The server took a watch resumed from the last version the index saw.
+
+        It sends what changed since that version first, in order, so the index is as
+        current again as any watched index is. Only after a complete list, though: a
+        version is resumed from only once the list it follows is complete.
+        """
+        with self._lock:
+            if not self._synced:
+                self._synced = True
+                self._stretch += 1
+
+    def lost(self) -> None:
+        """The watch ended or failed: until a list or a resumed watch, nothing new comes."""
+        with self._lock:
+            self._synced = False
 
     @property
     def synced(self) -> bool:
-        """Whether a complete list has been seen: before it, a missing claim means nothing."""
+        """Whether the index follows the cluster now: if not, a missing claim means nothing.
+
+        It does from a complete list, or a resumed watch, until that watch ends or fails.
+        """
         return self._synced
+
+    def stretch(self) -> int | None:
+        """Which stretch of being synced the index is in (they are numbered); None if not.
+
+        Two looks at the index in the same stretch saw it follow the cluster all along in
+        between; in different stretches, it may have missed events for a while.
+        """
+        with self._lock:
+            return self._stretch if self._synced else None
 
     def mentioned_in(self, event: bytes) -> bool:
         """Whether a raw watch event may concern us, so that it is worth parsing.
@@ -321,6 +352,13 @@ class OrphanTracker:
 
     A claim vanishes before the kubelet unprepares it more often than one would think
     (deleted with its pod), so only claims missing for longer than ``grace`` seconds count.
+
+    Only an index that is synced now says a claim is missing: while the watch fails, a new
+    claim never reaches the index, and releasing it would take the CPUs of a running pod.
+    So the grace clocks run only between two checks of the same synced stretch: they stop
+    when the watch ends or fails, and go on from where they were once it is back (a claim
+    that went missing during it starts at zero). A clock that ran through the outage would
+    count it as missing time, and release a claim the resumed watch has not delivered yet.
     """
 
     def __init__(
@@ -334,25 +372,37 @@ class OrphanTracker:
         self._held = held
         self._grace = grace
         self._clock = clock
-        self._missing_since: dict[str, float] = {}
+        self._missing_for: dict[str, float] = {}  # seconds, counted while synced only
+        self._last: tuple[int, float] | None = None  # the stretch and time of the last check
         self._reported: set[str] = set()
 
-    def check(self) -> frozenset[str]:
-        """The orphans now; each is logged once when it becomes one."""
-        if not self._index.synced:  # the watch has not listed yet: nothing is known missing
-            return frozenset()
+    def check(self) -> frozenset[str] | None:
+        """The orphans now, each logged once when it becomes one; None if nothing is known.
+
+        Nothing is known while the index is not synced: the watch has not listed yet, or
+        it failed or ended and has not caught up again.
+        """
+        stretch = self._index.stretch()
+        if stretch is None:
+            self._last = None
+            return None
         now = self._clock()
         missing = self._held() - self._index.uids()
-        self._missing_since = {u: self._missing_since.get(u, now) for u in missing}
-        orphans = frozenset(
-            u for u, since in self._missing_since.items() if now - since >= self._grace
-        )
+        if self._index.stretch() != stretch:  # lost while we looked: the look may be stale
+            self._last = None
+            return None
+        last, self._last = self._last, (stretch, now)
+        elapsed = now - last[1] if last is not None and last[0] == stretch else 0.0
+        self._missing_for = {
+            u: self._missing_for[u] + elapsed if u in self._missing_for else 0.0 for u in missing
+        }
+        orphans = frozenset(u for u, gone in self._missing_for.items() if gone >= self._grace)
         for uid in sorted(orphans - self._reported):
             log.warning(
                 "claim %s is held here but its ResourceClaim has been gone from the API for "
                 "%.0f s; its CPUs stay allocated (set --release-orphans to release such claims)",
                 uid,
-                now - self._missing_since[uid],
+                self._missing_for[uid],
                 extra={"claim": ClaimRef("", "", uid)},
             )
         self._reported = set(orphans)

@@ -65,6 +65,24 @@ def test_a_list_drops_the_claims_deleted_while_nobody_watched() -> None:
     assert index.synced
 
 
+def test_the_index_is_synced_only_while_a_watch_follows_the_cluster() -> None:
+    index = ClaimIndex(TA, NODE)
+    index.following()  # a watch before any list: resumed from nothing, so
+    index.lost()
+    assert (index.synced, index.stretch()) == (False, None)
+    index.listed(set())
+    assert (index.synced, index.stretch()) == (True, 2)
+    index.following()  # the watch after a paged list: the same stretch
+    assert index.stretch() == 2
+    index.lost()  # the watch failed or ended
+    assert (index.synced, index.stretch()) == (False, None)
+    index.following()  # the server took the watch resumed from the last version seen
+    assert (index.synced, index.stretch()) == (True, 3)
+    index.lost()
+    index.listed(set())  # or the version was gone: listed again
+    assert (index.synced, index.stretch()) == (True, 4)
+
+
 def event_line(kind: str, claim: dict[str, Any]) -> bytes:
     return json.dumps({"type": kind, "object": claim}, separators=(",", ":")).encode()
 
@@ -261,21 +279,50 @@ def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:
     tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
     index.observe(None, ours("a"))
     now[0] += 3600  # before the watch has listed, a claim missing from the index means nothing
-    assert tracker.check() == set()
+    assert tracker.check() is None
     index.listed({"a"})
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
     now[0] += 59
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
     now[0] += 1
     with caplog.at_level(logging.WARNING):
-        assert tracker.check() == {"b"}
-        assert tracker.check() == {"b"}
+        assert tracker.check() == frozenset({"b"})
+        assert tracker.check() == frozenset({"b"})
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
     assert (
         "claim b is held here but its ResourceClaim has been gone" in caplog.records[0].getMessage()
     )
     held.discard("b")
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
+
+
+def test_no_orphans_from_an_index_that_is_not_synced_and_no_grace_time_either() -> None:
+    """While the watch fails, claims made meanwhile never reach the index: they must not
+    count as missing, and the time without a watch must not count as missing time."""
+    index = ClaimIndex(TA, NODE)
+    held = {"gone"}
+    now = [0.0]
+    tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
+    index.listed(set())
+    assert tracker.check() == frozenset()  # "gone" is missing from now on
+    now[0] += 30
+    assert tracker.check() == frozenset()
+    index.lost()  # the watch fails, and goes on failing
+    held.add("new")  # a claim made meanwhile, prepared: its ADDED event never came
+    for _ in range(3):
+        now[0] += 3600
+        assert tracker.check() is None
+    index.following()  # back: the first check starts the clock of "new", and has nothing
+    assert tracker.check() == frozenset()  # to add to that of "gone" (30 s so far)
+    index.observe("ADDED", ours("new"))  # what the resumed watch sends first
+    now[0] += 29
+    assert tracker.check() == frozenset()
+    index.lost()  # the watch ends between two checks, and is resumed
+    index.following()
+    now[0] += 3600
+    assert tracker.check() == frozenset(), "a check in another stretch adds nothing"
+    now[0] += 1
+    assert tracker.check() == frozenset({"gone"}), "60 s missing while synced"
 
 
 def test_config_watcher(tmp_path: Path) -> None:
