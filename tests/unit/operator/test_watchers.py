@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,8 @@ import pytest
 
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
-from nodedra.dra import ClaimRef, RequestReport
-from nodedra.observability import StatusCounts
+from nodedra.dra import ClaimRef, KubeAPIError, RequestReport
+from nodedra.observability import ClaimWatchCounts, Metrics, StatusCounts
 from nodedra.policy import PolicyConfig
 from nodedra.topology import format_cpu_list
 from tests.unit.dra.fakes import NODE, make_claim, result
@@ -232,6 +233,127 @@ def test_status_writer_thread_writes_after_requests(node: Node) -> None:
     writer.request_done(prepared(ref))
     writer.stop()
     assert ("status", "claim-u1") in node.cluster.writes
+
+
+def wait_for(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"waited in vain for {what}"
+        time.sleep(0.01)
+
+
+def fast_writer(node: Node) -> StatusWriter:
+    """A writer that writes at once, and tries again after 0.01 s doubling up to 0.04 s."""
+    return StatusWriter(node.cluster, node.manager, NODE, quiet=0, max_delay=0, retry=(0.01, 0.04))
+
+
+def test_a_failed_status_write_is_tried_again_with_backoff_until_written(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    node.cluster.fail_next = [KubeAPIError(503, "the API server is busy")] * 5
+    writer = fast_writer(node)
+    with caplog.at_level(logging.WARNING, "nodedra.claimwatch"):
+        writer.start()
+        writer.request_done(prepared(ref))
+        wait_for("the status to be written", lambda: writer.counts().written == 1)
+        writer.stop()
+    assert writer.counts() == StatusCounts(written=1, unchanged=0, failed=5, retrying=0)
+    assert node.cluster.writes.count(("status", "claim-u1")) == 1
+    waits = [float(w) for w in re.findall(r"trying again in (\S+) s", caplog.text)]
+    assert waits == [0.01, 0.02, 0.04, 0.04, 0.04], "a wait that doubles, up to the longest"
+
+
+class FailingApply:
+    """Status writes that fail, after doing ``meanwhile`` to the cluster."""
+
+    def __init__(self, node: Node, error: KubeAPIError, meanwhile: Callable[[], None]) -> None:
+        self.error = error
+        self.meanwhile = meanwhile
+        self.tries = 0
+        node.cluster.apply_claim_status = self  # type: ignore[method-assign]
+
+    def __call__(
+        self, claim: Any, devices: list[dict[str, Any]], field_manager: str
+    ) -> dict[str, Any]:
+        self.tries += 1
+        self.meanwhile()
+        raise self.error
+
+
+@pytest.mark.parametrize("fate", ["deleted", "replaced"])
+def test_retries_end_when_the_claim_is_gone(node: Node, fate: str) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    key = ("default", "claim-u1")
+
+    def meanwhile() -> None:
+        if fate == "deleted":
+            del node.cluster.claims[key]
+        else:
+            node.cluster.claims[key]["metadata"]["uid"] = "u1-again"
+
+    failing = FailingApply(node, KubeAPIError(409, "the UID precondition failed"), meanwhile)
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref, node.cluster.get_claim(*key)))
+    wait_for("the retry to find the claim gone", lambda: writer.counts().unchanged == 1)
+    assert writer.counts() == StatusCounts(written=0, unchanged=1, failed=1, retrying=0)
+    writer.stop()
+    assert failing.tries == 1
+
+
+def test_a_conflict_reads_the_claim_again(node: Node) -> None:
+    """The claim as the prepare saw it is used once; a try after a failure reads it anew."""
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    claim = node.cluster.get_claim("default", "claim-u1")
+    gets = node.cluster.gets
+    node.cluster.fail_next = [KubeAPIError(409, "the object has been modified")]
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref, claim))
+    wait_for("the status to be written", lambda: writer.counts().written == 1)
+    writer.stop()
+    assert node.cluster.gets == gets + 1
+    assert writer.counts() == StatusCounts(written=1, unchanged=0, failed=1, retrying=0)
+
+
+def test_a_status_the_server_finds_invalid_is_not_tried_again(node: Node) -> None:
+    """As for claims whose opaque parameters the server re-encodes (see the README)."""
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    failing = FailingApply(node, KubeAPIError(422, "field is immutable"), lambda: None)
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref))
+    wait_for("a failed write", lambda: writer.counts().failed == 1)
+    writer.stop()  # which would try once more a claim waiting to be tried again
+    assert failing.tries == 1
+    assert writer.counts() == StatusCounts(written=0, unchanged=0, failed=1, retrying=0)
+
+
+def test_stopping_ends_the_wait_for_a_retry(node: Node) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    failing = FailingApply(node, KubeAPIError(503, "the API server is busy"), lambda: None)
+    writer = StatusWriter(
+        node.cluster, node.manager, NODE, quiet=0, max_delay=0, retry=(3600, 3600)
+    )
+    writer.start()
+    writer.request_done(prepared(ref))
+    wait_for("a failed write", lambda: writer.counts().retrying == 1)
+    metrics = Metrics()
+    metrics.count_claim_watch(lambda: ClaimWatchCounts(1, 1, 0, 0), writer.counts)
+    assert metrics.registry.get_sample_value("nodedra_claim_status_retrying") == 1
+    writer.request_done(prepared(ref))  # queued again: it keeps its wait, in its newest state
+    stopper = threading.Thread(target=writer.stop)
+    stopper.start()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive(), "stop() waited for the retry"
+    assert failing.tries == 2, "tried once more on the way out, and no more"
+    assert writer.counts() == StatusCounts(written=0, unchanged=0, failed=2, retrying=0)
 
 
 class Recorder:
