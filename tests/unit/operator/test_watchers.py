@@ -17,7 +17,7 @@ from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeAPIError, RequestReport
 from nodedra.observability import ClaimWatchCounts, Metrics, StatusCounts
-from nodedra.policy import PolicyConfig
+from nodedra.policy import PolicyConfig, PolicyError
 from nodedra.topology import format_cpu_list
 from tests.unit.dra.fakes import NODE, make_claim, result
 from tests.unit.resmgr.test_manager import Node
@@ -445,6 +445,66 @@ def test_no_orphans_from_an_index_that_is_not_synced_and_no_grace_time_either() 
     assert tracker.check() == frozenset(), "a check in another stretch adds nothing"
     now[0] += 1
     assert tracker.check() == frozenset({"gone"}), "60 s missing while synced"
+
+
+class Blocked:
+    """A policy refusing configurations while a claim holds the CPUs they reserve."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = "CPU 1 is held by claim u1"
+        self.offered: list[PolicyConfig] = []
+        self.applied: list[PolicyConfig] = []
+
+    def apply(self, config: PolicyConfig) -> None:
+        self.offered.append(config)
+        if self.reason is not None:
+            raise PolicyError(f"cannot reserve CPUs: {self.reason}")
+        self.applied.append(config)
+
+
+def test_a_refused_configuration_is_applied_once_what_refused_it_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("reservedCPUs: 0\n")
+    policy = Blocked()
+    results: list[str] = []
+    watcher = ConfigWatcher(path, policy.apply, results.append)
+    path.write_text("reservedCPUs: 0-1\n")
+    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
+        assert watcher.check() == "refused"
+        assert watcher.check() is None, "the same refusal is reported once"
+        assert len(policy.offered) == 2, "but the file is offered again at every check"
+        policy.reason = "CPU 1 is held by claim u2"
+        assert watcher.check() == "refused", "a refusal for a new reason is reported"
+        assert watcher.check() is None
+    assert len(caplog.records) == 2
+    policy.reason = None  # the claim went
+    assert watcher.check() == "applied"
+    assert policy.applied[-1].reserved_cpus == {0, 1}
+    assert watcher.check() is None
+    assert len(policy.offered) == 5, "an applied file is not offered again"
+    assert results == ["refused", "refused", "applied"]
+
+
+def test_a_file_that_does_not_parse_is_not_parsed_again_until_it_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("reservedCPUs: 0\n")
+    applied: list[PolicyConfig] = []
+    watcher = ConfigWatcher(path, applied.append)
+    path.write_text("reservedCPUs: [\n")
+    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
+        assert watcher.check() == "refused"
+        assert watcher.check() is None
+    assert len(caplog.records) == 1
+    assert "not valid YAML" in caplog.text
+    path.write_text("reservedCPUs: 0\n")  # back to the file in force: nothing to do
+    assert watcher.check() is None
+    path.write_text("reservedCPUs: [\n")  # the broken file again: news again
+    assert watcher.check() == "refused"
+    assert applied == []
 
 
 def test_config_watcher(tmp_path: Path) -> None:
