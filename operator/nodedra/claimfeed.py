@@ -16,7 +16,10 @@ The watch starts with a complete list of the cluster's claims, streamed as watch
 its lines are filtered like the others, or else as a paged LIST. It then follows the watch
 with bookmarks, resumes from the last resourceVersion seen whenever the server ends a watch
 or the connection drops, and lists again only when the server says that version is gone
-(410).
+(410). A watch that ends at once, again and again, is reopened with backoff, not in a loop.
+
+The index is synced only while it follows the cluster: from a complete list or a resumed
+watch until that watch ends or fails. The orphan check trusts nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import random
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -48,6 +52,8 @@ WATCH_SECONDS = (300, 600)
 """How long the server keeps one watch open, drawn per watch so that nodes spread out."""
 BACKOFF = (0.5, 30.0)
 """First and longest wait, in seconds, before trying again after a failed call."""
+STEADY_SECONDS = 10.0
+"""A watch open this long (or half the time it asks for, if less) ran normally, events or not."""
 
 # A watch event as Go's encoder writes it: the type first, then the object. Lines that do
 # not look like this are parsed, so the pattern only has to be right, not complete.
@@ -80,12 +86,15 @@ class ClaimFeed:
         *,
         page_size: int = PAGE_SIZE,
         watch_seconds: tuple[int, int] = WATCH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = api_client
         self._index = index
         self._on_claim = on_claim
         self._page_size = page_size
         self._watch_seconds = watch_seconds
+        self._steady = min(STEADY_SECONDS, watch_seconds[0] / 2)
+        self._clock = clock
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._response: Any = None  # the open watch response, for stop() to cut
@@ -117,23 +126,42 @@ class ClaimFeed:
         version: str | None = None  # None: the next watch starts from a complete list
         delay = BACKOFF[0]
         while not self._stopping.is_set():
+            started, seen = self._clock(), self._parsed + self._skipped
+            failed: Exception | None = None
             try:
                 if version is None and not self._stream_list:
                     version = self._list()
                 for newer in self._watch(version):
-                    version, delay = newer, BACKOFF[0]
+                    version = newer
             except _GoneError:
                 log.info("the ResourceClaim watch fell behind the server; listing again")
                 version = None
             except _NoStreamedListError as err:
                 log.info("the API server does not stream lists (%s); listing in pages", err)
                 self._stream_list = False
+                continue
             except Exception as err:  # the API server is away or refused: try again later
-                if self._stopping.is_set():
-                    break
-                log.warning("ResourceClaim watch: %s; retrying in %.1f s", err, delay)
-                self._stopping.wait(delay)
-                delay = min(2 * delay, BACKOFF[1])
+                failed = err
+            finally:
+                self._index.lost()
+            if self._stopping.is_set():
+                break
+            # Backoff starts again after a watch that ran normally, which the server ended
+            # or the connection cut; one that ends at once, again and again, must not spin.
+            if self._parsed + self._skipped > seen or self._clock() - started >= self._steady:
+                delay = BACKOFF[0]
+                if failed is None:
+                    continue
+            if failed is not None:
+                log.warning("ResourceClaim watch: %s; retrying in %.1f s", failed, delay)
+            else:
+                log.info("the ResourceClaim watch ended at once; reopening in %.1f s", delay)
+            self._pause(delay)
+            delay = min(2 * delay, BACKOFF[1])
+
+    def _pause(self, seconds: float) -> None:
+        """Wait before trying again; stop() ends the wait."""
+        self._stopping.wait(seconds)
 
     def _list(self) -> str:
         """Index every claim of ours, page by page; the list's resourceVersion.
@@ -189,6 +217,8 @@ class ClaimFeed:
         try:
             if self._stopping.is_set():
                 return
+            if listing is None:
+                self._index.following()
             for line in _lines(response):
                 newer, listed = self._event(line, listing)
                 if listed and listing is not None:

@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError, RequestReport
@@ -60,6 +60,7 @@ class ClaimIndex:
         self._claims: dict[str, ClaimRef] = {}
         self._uid_marks: tuple[bytes, ...] = ()
         self._synced = False
+        self._stretch = 0  # how many times the index became synced
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, claim: Mapping[str, Any]) -> ClaimRef | None:
@@ -95,11 +96,41 @@ class ClaimIndex:
             self._claims = {u: r for u, r in self._claims.items() if u in uids}
             self._uid_marks = tuple(_quoted(u) for u in self._claims)
             self._synced = True
+            self._stretch += 1
+
+    def following(self) -> None:
+        """The server took a watch resumed from the last version the index saw.
+
+        It sends what changed since that version first, in order, so the index is as
+        current again as any watched index is. Only after a complete list, though: a
+        version is resumed from only once the list it follows is complete.
+        """
+        with self._lock:
+            if not self._synced:
+                self._synced = True
+                self._stretch += 1
+
+    def lost(self) -> None:
+        """The watch ended or failed: until a list or a resumed watch, nothing new comes."""
+        with self._lock:
+            self._synced = False
 
     @property
     def synced(self) -> bool:
-        """Whether a complete list has been seen: before it, a missing claim means nothing."""
+        """Whether the index follows the cluster now: if not, a missing claim means nothing.
+
+        It does from a complete list, or a resumed watch, until that watch ends or fails.
+        """
         return self._synced
+
+    def stretch(self) -> int | None:
+        """Which stretch of being synced the index is in (they are numbered); None if not.
+
+        Two looks at the index in the same stretch saw it follow the cluster all along in
+        between; in different stretches, it may have missed events for a while.
+        """
+        with self._lock:
+            return self._stretch if self._synced else None
 
     def mentioned_in(self, event: bytes) -> bool:
         """Whether a raw watch event may concern us, so that it is worth parsing.
@@ -142,6 +173,15 @@ QUIET_SECONDS = 0.25
 """Status writes wait until the kubelet has sent no request for this long..."""
 MAX_DELAY_SECONDS = 2.0
 """...or until a claim's status has waited this long."""
+RETRY_SECONDS = (0.5, 30.0)
+"""First and longest wait, in seconds, before a failed status write is tried again."""
+REFUSED = (400, 422)
+"""Answers to a status write that trying again would only repeat: the server finds it
+invalid (say, for a claim whose opaque parameters it re-encodes differently, see README)."""
+
+
+class _WriteFailedError(Exception):
+    """A status write failed in a way that trying again may mend."""
 
 
 class StatusWriter:
@@ -155,6 +195,15 @@ class StatusWriter:
     write. What is written is what the checkpoint holds for the claim, compared with the
     claim as it was last seen (fetched by the prepare, or delivered by the watch), so that
     a claim whose status is already right costs no API call at all.
+
+    A write that fails is tried again, after ``retry[0]`` seconds doubling up to
+    ``retry[1]``, until it is made or the claim is gone (deleted, or replaced by one of
+    another UID): nothing else would write it, since a claim is queued only when it
+    changes. Each try reads the claim afresh, so that a conflict, or a claim changed or gone
+    meanwhile, is seen. A write the server finds invalid is not tried again (it would be
+    refused the same way), nor is a claim that cannot be parsed: either is queued again
+    when the claim changes. Stopping tries each queued claim once more, and retries no
+    longer.
     """
 
     def __init__(
@@ -165,13 +214,16 @@ class StatusWriter:
         *,
         quiet: float = QUIET_SECONDS,
         max_delay: float = MAX_DELAY_SECONDS,
+        retry: tuple[float, float] = RETRY_SECONDS,
     ) -> None:
         self._api = api
         self._manager = manager
         self._field_manager = f"nodedra-{node_name}"
         self._quiet = quiet
         self._max_delay = max_delay
+        self._retry = retry
         self._pending: dict[str, _Job] = {}  # by claim UID, in the order first queued
+        self._retrying: dict[str, _Job] = {}  # by claim UID: failed, waiting to try again
         self._last_request = -math.inf
         self._stopping = False
         self._changed = threading.Condition()
@@ -179,8 +231,10 @@ class StatusWriter:
         self._written = self._unchanged = self._failed = 0
 
     def counts(self) -> StatusCounts:
-        """Writes made, skipped and failed so far."""
-        return StatusCounts(self._written, self._unchanged, self._failed)
+        """Writes made, skipped and failed so far, and claims waiting to be tried again."""
+        with self._changed:
+            retrying = len(self._retrying)
+        return StatusCounts(self._written, self._unchanged, self._failed, retrying)
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -189,7 +243,7 @@ class StatusWriter:
         self._thread.start()
 
     def stop(self) -> None:
-        """Write what is queued without waiting any longer, then stop."""
+        """Try what is queued once without waiting any longer, then stop."""
         thread, self._thread = self._thread, None
         if thread is not None:
             with self._changed:
@@ -213,7 +267,7 @@ class StatusWriter:
                     self._queue(ref, report.fetched.get(ref.uid))
 
     def _wake_if_idle(self) -> None:
-        """Wake the writer if it waits for work (lock held).
+        """Wake the writer if it waits for work, or for a retry only (lock held).
 
         One with work waits for a deadline that it checks again when it wakes, and that a
         new request can only push back: waking it for each request would cost a thread
@@ -226,40 +280,64 @@ class StatusWriter:
         """Queue the newest state of a claim, keeping its place and age if already queued.
 
         The newest state wins: a snapshot taken by a prepare is newer than the queued job,
-        and a job without one (an unprepare's) makes the writer read the claim afresh.
+        and a job without one (an unprepare's) makes the writer read the claim afresh. A
+        claim waiting to be tried again keeps its wait: a failing API server is not asked
+        more often because a claim changed.
         """
+        retrying = self._retrying.get(ref.uid)
+        if retrying is not None:
+            self._retrying[ref.uid] = replace(retrying, ref=ref, claim=claim)
+            return
         queued = self._pending.get(ref.uid)
         since = queued.since if queued is not None else time.monotonic()
         self._pending[ref.uid] = _Job(ref, claim, since)
 
     def write(self, ref: ClaimRef, claim: Mapping[str, Any] | None = None) -> bool:
-        """Make the claim's status name what we hold for it; whether a write was needed.
+        """Make the claim's status name what we hold for it, once; whether a write was made.
 
         ``claim`` is the claim as last seen; without it, it is read from the API server.
+        A failure is counted and logged, not retried (the writer's thread retries).
         """
-        written = self._write(ref, claim)
+        try:
+            written = self._write(ref, claim)
+        except _WriteFailedError as err:
+            self._failed += 1
+            log.warning("claim %s: %s", ref, err, extra={"claim": ref})
+            return False
+        self._count(written)
+        return bool(written)
+
+    def _count(self, written: bool | None) -> None:
         if written is None:
             self._failed += 1
         elif written:
             self._written += 1
         else:
             self._unchanged += 1
-        return bool(written)
 
     def _write(self, ref: ClaimRef, claim: Mapping[str, Any] | None) -> bool | None:
+        """Whether a write was made; None if it is refused for good.
+
+        Refused for good: the claim cannot be described, or the server refuses what
+        describes it; either is tried again only once the claim changes.
+
+        _WriteFailedError: the claim could not be read or its status written.
+        """
         try:
             if claim is None:
                 claim = self._api.get_claim(ref.namespace, ref.name)
             if str(claim.get("metadata", {}).get("uid")) != ref.uid:
                 return False  # replaced or gone: nothing of ours to describe
             results = claim_results(claim, self._manager.driver)
-        except (KubeAPIError, ClaimError) as err:
-            if isinstance(err, KubeAPIError) and err.not_found:
-                return False
+        except ClaimError as err:  # it stays so until it changes, and then it is queued
             log.warning(
-                "claim %s: cannot read it for its status: %s", ref, err, extra={"claim": ref}
+                "claim %s: cannot describe it in its status: %s", ref, err, extra={"claim": ref}
             )
             return None
+        except KubeAPIError as err:
+            if err.not_found:
+                return False
+            raise _WriteFailedError(f"cannot read it for its status: {err}") from err
         desired = status_entries(results, self._manager.committed_grants(ref.uid))
         current = [
             d
@@ -268,39 +346,94 @@ class StatusWriter:
         ]
         if _comparable(current) == _comparable(desired):
             return False
+        return self._apply(ref, desired)
+
+    def _apply(self, ref: ClaimRef, desired: list[dict[str, Any]]) -> bool | None:
+        """Write our entries: True, or False if the claim is gone, None if refused for good.
+
+        _WriteFailedError: the write failed, and may not if tried again.
+        """
         try:
             self._api.apply_claim_status(ref, desired, self._field_manager)
         except KubeAPIError as err:
-            log.warning("claim %s: writing its status failed: %s", ref, err, extra={"claim": ref})
-            return None
+            if err.not_found:
+                return False
+            if err.status in REFUSED:
+                log.warning(
+                    "claim %s: the API server refuses its status: %s",
+                    ref,
+                    err,
+                    extra={"claim": ref},
+                )
+                return None
+            raise _WriteFailedError(f"writing its status failed: {err}") from err
         return True
 
     def _next(self) -> _Job | None:
-        """The next claim to write once its time has come; None to stop."""
+        """The next claim to write once its time has come; None to stop.
+
+        Stopping, every claim queued or waiting to be tried again comes at once.
+        """
         with self._changed:
             while True:
-                if not self._pending:
-                    if self._stopping:
-                        return None
-                    self._changed.wait()
-                    continue
-                uid, job = next(iter(self._pending.items()))
+                if self._stopping:
+                    for jobs in (self._pending, self._retrying):
+                        if jobs:
+                            return jobs.pop(next(iter(jobs)))
+                    return None
                 now = time.monotonic()
-                wait = min(self._last_request + self._quiet, job.since + self._max_delay) - now
-                if self._stopping or wait <= 0:
-                    del self._pending[uid]
-                    return job
-                self._changed.wait(wait)
+                wait = math.inf
+                if self._pending:
+                    uid, job = next(iter(self._pending.items()))
+                    due = min(self._last_request + self._quiet, job.since + self._max_delay)
+                    if due <= now:
+                        return self._pending.pop(uid)
+                    wait = due - now
+                if self._retrying:
+                    uid, job = min(self._retrying.items(), key=lambda item: item[1].due)
+                    if job.due <= now:
+                        return self._retrying.pop(uid)
+                    wait = min(wait, job.due - now)
+                self._changed.wait(None if wait == math.inf else wait)
 
     def _run(self) -> None:
         while (job := self._next()) is not None:
             try:
-                self.write(job.ref, job.claim)
-            except Exception:  # one claim's trouble must not stop the writer
-                self._failed += 1
+                self._count(self._write(job.ref, job.claim))
+                continue
+            except _WriteFailedError as err:
+                why = str(err)
+            except Exception as err:  # one claim's trouble must not stop the writer
                 log.exception(
                     "claim %s: writing its status failed", job.ref, extra={"claim": job.ref}
                 )
+                why = f"writing its status failed: {err!r}"
+            self._failed += 1
+            self._again(job, why)
+
+    def _again(self, job: _Job, why: str) -> None:
+        """Queue a claim whose write failed to be tried again, after a wait that doubles.
+
+        A newer state queued meanwhile is the one tried; stopping, it is not tried again.
+        """
+        with self._changed:
+            if self._stopping:
+                log.warning(
+                    "claim %s: %s; stopping, so its status is left as it is",
+                    job.ref,
+                    why,
+                    extra={"claim": job.ref},
+                )
+                return
+            wait = min(2 * job.wait, self._retry[1]) if job.wait else self._retry[0]
+            newer = self._pending.pop(job.ref.uid, None)
+            ref, claim = (newer.ref, newer.claim) if newer is not None else (job.ref, None)
+            self._retrying[ref.uid] = _Job(
+                ref, claim, job.since, wait=wait, due=time.monotonic() + wait
+            )
+        log.warning(
+            "claim %s: %s; trying again in %g s", job.ref, why, wait, extra={"claim": job.ref}
+        )
 
 
 @dataclass(frozen=True)
@@ -309,6 +442,10 @@ class _Job:
     claim: Mapping[str, Any] | None
     since: float
     """When the claim was first queued."""
+    wait: float = 0.0
+    """After a failed write: the wait before the next try (it doubles each time)."""
+    due: float = -math.inf
+    """After a failed write: when to try again."""
 
 
 def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
@@ -321,6 +458,13 @@ class OrphanTracker:
 
     A claim vanishes before the kubelet unprepares it more often than one would think
     (deleted with its pod), so only claims missing for longer than ``grace`` seconds count.
+
+    Only an index that is synced now says a claim is missing: while the watch fails, a new
+    claim never reaches the index, and releasing it would take the CPUs of a running pod.
+    So the grace clocks run only between two checks of the same synced stretch: they stop
+    when the watch ends or fails, and go on from where they were once it is back (a claim
+    that went missing during it starts at zero). A clock that ran through the outage would
+    count it as missing time, and release a claim the resumed watch has not delivered yet.
     """
 
     def __init__(
@@ -334,25 +478,37 @@ class OrphanTracker:
         self._held = held
         self._grace = grace
         self._clock = clock
-        self._missing_since: dict[str, float] = {}
+        self._missing_for: dict[str, float] = {}  # seconds, counted while synced only
+        self._last: tuple[int, float] | None = None  # the stretch and time of the last check
         self._reported: set[str] = set()
 
-    def check(self) -> frozenset[str]:
-        """The orphans now; each is logged once when it becomes one."""
-        if not self._index.synced:  # the watch has not listed yet: nothing is known missing
-            return frozenset()
+    def check(self) -> frozenset[str] | None:
+        """The orphans now, each logged once when it becomes one; None if nothing is known.
+
+        Nothing is known while the index is not synced: the watch has not listed yet, or
+        it failed or ended and has not caught up again.
+        """
+        stretch = self._index.stretch()
+        if stretch is None:
+            self._last = None
+            return None
         now = self._clock()
         missing = self._held() - self._index.uids()
-        self._missing_since = {u: self._missing_since.get(u, now) for u in missing}
-        orphans = frozenset(
-            u for u, since in self._missing_since.items() if now - since >= self._grace
-        )
+        if self._index.stretch() != stretch:  # lost while we looked: the look may be stale
+            self._last = None
+            return None
+        last, self._last = self._last, (stretch, now)
+        elapsed = now - last[1] if last is not None and last[0] == stretch else 0.0
+        self._missing_for = {
+            u: self._missing_for[u] + elapsed if u in self._missing_for else 0.0 for u in missing
+        }
+        orphans = frozenset(u for u, gone in self._missing_for.items() if gone >= self._grace)
         for uid in sorted(orphans - self._reported):
             log.warning(
                 "claim %s is held here but its ResourceClaim has been gone from the API for "
                 "%.0f s; its CPUs stay allocated (set --release-orphans to release such claims)",
                 uid,
-                now - self._missing_since[uid],
+                self._missing_for[uid],
                 extra={"claim": ClaimRef("", "", uid)},
             )
         self._reported = set(orphans)

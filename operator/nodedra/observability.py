@@ -81,6 +81,9 @@ class StatusCounts:
     unchanged: int
     """Claims looked at whose status was already right, or that were gone: no write."""
     failed: int
+    """Tries that failed (tried again, unless the server finds the write invalid)."""
+    retrying: int = 0
+    """Claims whose write failed, waiting to be tried again."""
 
 
 class _ClaimWatchCollector(Collector):
@@ -124,6 +127,11 @@ class _ClaimWatchCollector(Collector):
         ):
             writes.add_metric([result], value)
         yield writes
+        yield GaugeMetricFamily(
+            "nodedra_claim_status_retrying",
+            "Claims whose status write failed, waiting to be tried again.",
+            value=status.retrying,
+        )
 
 
 class _UsageCollector(Collector):

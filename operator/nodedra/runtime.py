@@ -256,6 +256,8 @@ class Runtime:
         if not self.settings.watch_claims:
             return
         orphans = self.orphans.check()
+        if orphans is None:  # the claim watch is not synced now: nothing is known missing
+            return
         self.metrics.orphans.set(len(orphans))
         if orphans and self.settings.release_orphans:
             refs = [ClaimRef("", "", uid) for uid in sorted(orphans)]

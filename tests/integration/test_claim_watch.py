@@ -18,7 +18,7 @@ from kubernetes.client import ApiClient
 
 from nodedra.claimfeed import ClaimFeed
 from nodedra.claimwatch import ClaimIndex
-from nodedra.dra import ClaimRef
+from nodedra.dra import ClaimRef, KubeAPIError
 from tests.conftest import admin_client
 from tests.integration.test_claim_api_real import allocate, allocation, claims_path, create_claim
 from tests.peers.build import PeerBinaries
@@ -139,6 +139,50 @@ def test_a_watch_the_server_ends_is_resumed_without_listing_again(
     uid = allocated(control_plane, namespace, "after-resumes", driver, NODE)
     watch.wait({uid})
     assert watch.feed.counts().lists == 1
+
+
+class FailingFeed(ClaimFeed):
+    """Its first ``failures`` resumed watches fail before they reach the server; during the
+    first, a claim of ours is allocated."""
+
+    def __init__(
+        self, cp: ControlPlane, driver: str, namespace: str, failures: int, *args: Any, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self._cp = cp
+        self._driver = driver
+        self._namespace = namespace
+        self.failures = failures
+        self.synced_while_failing: list[bool] = []
+        self.made: list[str] = []
+
+    def _watch(self, version: str | None) -> Iterator[str]:
+        if version is not None and self.failures > 0:
+            self.failures -= 1
+            self.synced_while_failing.append(self._index.synced)
+            if not self.made:
+                self.made.append(
+                    allocated(self._cp, self._namespace, "while-away", self._driver, NODE)
+                )
+            raise KubeAPIError(0, "connection refused (as the test says)")
+        return super()._watch(version)
+
+
+def test_the_index_is_not_synced_while_the_watch_fails_and_is_once_it_resumes(
+    control_plane: ControlPlane,
+    namespace: str,
+    admin_api: ApiClient,
+    driver: str,
+    start_watch: StartWatch,
+) -> None:
+    failing = functools.partial(FailingFeed, control_plane, driver, namespace, 3)
+    watch = start_watch(admin_api, failing, watch_seconds=(1, 1))
+    feed = watch.feed
+    assert isinstance(feed, FailingFeed)
+    poll(lambda: feed.made or None, TIMEOUT, lambda: f"a failed watch ({feed.counts()})")
+    watch.wait(set(feed.made))  # synced again: the resumed watch sent what it missed
+    assert feed.synced_while_failing == [False, False, False]
+    assert feed.counts().lists == 1
 
 
 @pytest.fixture(scope="module", params=["streamed lists", "paged lists"])

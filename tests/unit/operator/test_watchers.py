@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ import pytest
 
 from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
-from nodedra.dra import ClaimRef, RequestReport
-from nodedra.observability import StatusCounts
-from nodedra.policy import PolicyConfig
+from nodedra.dra import ClaimRef, KubeAPIError, RequestReport
+from nodedra.observability import ClaimWatchCounts, Metrics, StatusCounts
+from nodedra.policy import PolicyConfig, PolicyError
 from nodedra.topology import format_cpu_list
 from tests.unit.dra.fakes import NODE, make_claim, result
 from tests.unit.resmgr.test_manager import Node
@@ -63,6 +64,24 @@ def test_a_list_drops_the_claims_deleted_while_nobody_watched() -> None:
     index.listed({"b"})
     assert index.uids() == {"b"}
     assert index.synced
+
+
+def test_the_index_is_synced_only_while_a_watch_follows_the_cluster() -> None:
+    index = ClaimIndex(TA, NODE)
+    index.following()  # a watch before any list: resumed from nothing, so
+    index.lost()
+    assert (index.synced, index.stretch()) == (False, None)
+    index.listed(set())
+    assert (index.synced, index.stretch()) == (True, 2)
+    index.following()  # the watch after a paged list: the same stretch
+    assert index.stretch() == 2
+    index.lost()  # the watch failed or ended
+    assert (index.synced, index.stretch()) == (False, None)
+    index.following()  # the server took the watch resumed from the last version seen
+    assert (index.synced, index.stretch()) == (True, 3)
+    index.lost()
+    index.listed(set())  # or the version was gone: listed again
+    assert (index.synced, index.stretch()) == (True, 4)
 
 
 def event_line(kind: str, claim: dict[str, Any]) -> bytes:
@@ -216,6 +235,127 @@ def test_status_writer_thread_writes_after_requests(node: Node) -> None:
     assert ("status", "claim-u1") in node.cluster.writes
 
 
+def wait_for(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"waited in vain for {what}"
+        time.sleep(0.01)
+
+
+def fast_writer(node: Node) -> StatusWriter:
+    """A writer that writes at once, and tries again after 0.01 s doubling up to 0.04 s."""
+    return StatusWriter(node.cluster, node.manager, NODE, quiet=0, max_delay=0, retry=(0.01, 0.04))
+
+
+def test_a_failed_status_write_is_tried_again_with_backoff_until_written(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    node.cluster.fail_next = [KubeAPIError(503, "the API server is busy")] * 5
+    writer = fast_writer(node)
+    with caplog.at_level(logging.WARNING, "nodedra.claimwatch"):
+        writer.start()
+        writer.request_done(prepared(ref))
+        wait_for("the status to be written", lambda: writer.counts().written == 1)
+        writer.stop()
+    assert writer.counts() == StatusCounts(written=1, unchanged=0, failed=5, retrying=0)
+    assert node.cluster.writes.count(("status", "claim-u1")) == 1
+    waits = [float(w) for w in re.findall(r"trying again in (\S+) s", caplog.text)]
+    assert waits == [0.01, 0.02, 0.04, 0.04, 0.04], "a wait that doubles, up to the longest"
+
+
+class FailingApply:
+    """Status writes that fail, after doing ``meanwhile`` to the cluster."""
+
+    def __init__(self, node: Node, error: KubeAPIError, meanwhile: Callable[[], None]) -> None:
+        self.error = error
+        self.meanwhile = meanwhile
+        self.tries = 0
+        node.cluster.apply_claim_status = self  # type: ignore[method-assign]
+
+    def __call__(
+        self, claim: Any, devices: list[dict[str, Any]], field_manager: str
+    ) -> dict[str, Any]:
+        self.tries += 1
+        self.meanwhile()
+        raise self.error
+
+
+@pytest.mark.parametrize("fate", ["deleted", "replaced"])
+def test_retries_end_when_the_claim_is_gone(node: Node, fate: str) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    key = ("default", "claim-u1")
+
+    def meanwhile() -> None:
+        if fate == "deleted":
+            del node.cluster.claims[key]
+        else:
+            node.cluster.claims[key]["metadata"]["uid"] = "u1-again"
+
+    failing = FailingApply(node, KubeAPIError(409, "the UID precondition failed"), meanwhile)
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref, node.cluster.get_claim(*key)))
+    wait_for("the retry to find the claim gone", lambda: writer.counts().unchanged == 1)
+    assert writer.counts() == StatusCounts(written=0, unchanged=1, failed=1, retrying=0)
+    writer.stop()
+    assert failing.tries == 1
+
+
+def test_a_conflict_reads_the_claim_again(node: Node) -> None:
+    """The claim as the prepare saw it is used once; a try after a failure reads it anew."""
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    claim = node.cluster.get_claim("default", "claim-u1")
+    gets = node.cluster.gets
+    node.cluster.fail_next = [KubeAPIError(409, "the object has been modified")]
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref, claim))
+    wait_for("the status to be written", lambda: writer.counts().written == 1)
+    writer.stop()
+    assert node.cluster.gets == gets + 1
+    assert writer.counts() == StatusCounts(written=1, unchanged=0, failed=1, retrying=0)
+
+
+def test_a_status_the_server_finds_invalid_is_not_tried_again(node: Node) -> None:
+    """As for claims whose opaque parameters the server re-encodes (see the README)."""
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    failing = FailingApply(node, KubeAPIError(422, "field is immutable"), lambda: None)
+    writer = fast_writer(node)
+    writer.start()
+    writer.request_done(prepared(ref))
+    wait_for("a failed write", lambda: writer.counts().failed == 1)
+    writer.stop()  # which would try once more a claim waiting to be tried again
+    assert failing.tries == 1
+    assert writer.counts() == StatusCounts(written=0, unchanged=0, failed=1, retrying=0)
+
+
+def test_stopping_ends_the_wait_for_a_retry(node: Node) -> None:
+    ref = one_cpu_claim(node)
+    node.manager.plugin.node_prepare([ref])
+    failing = FailingApply(node, KubeAPIError(503, "the API server is busy"), lambda: None)
+    writer = StatusWriter(
+        node.cluster, node.manager, NODE, quiet=0, max_delay=0, retry=(3600, 3600)
+    )
+    writer.start()
+    writer.request_done(prepared(ref))
+    wait_for("a failed write", lambda: writer.counts().retrying == 1)
+    metrics = Metrics()
+    metrics.count_claim_watch(lambda: ClaimWatchCounts(1, 1, 0, 0), writer.counts)
+    assert metrics.registry.get_sample_value("nodedra_claim_status_retrying") == 1
+    writer.request_done(prepared(ref))  # queued again: it keeps its wait, in its newest state
+    stopper = threading.Thread(target=writer.stop)
+    stopper.start()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive(), "stop() waited for the retry"
+    assert failing.tries == 2, "tried once more on the way out, and no more"
+    assert writer.counts() == StatusCounts(written=0, unchanged=0, failed=2, retrying=0)
+
+
 class Recorder:
     """Keeps the plugin's request reports."""
 
@@ -261,21 +401,110 @@ def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:
     tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
     index.observe(None, ours("a"))
     now[0] += 3600  # before the watch has listed, a claim missing from the index means nothing
-    assert tracker.check() == set()
+    assert tracker.check() is None
     index.listed({"a"})
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
     now[0] += 59
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
     now[0] += 1
     with caplog.at_level(logging.WARNING):
-        assert tracker.check() == {"b"}
-        assert tracker.check() == {"b"}
+        assert tracker.check() == frozenset({"b"})
+        assert tracker.check() == frozenset({"b"})
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
     assert (
         "claim b is held here but its ResourceClaim has been gone" in caplog.records[0].getMessage()
     )
     held.discard("b")
-    assert tracker.check() == set()
+    assert tracker.check() == frozenset()
+
+
+def test_no_orphans_from_an_index_that_is_not_synced_and_no_grace_time_either() -> None:
+    """While the watch fails, claims made meanwhile never reach the index: they must not
+    count as missing, and the time without a watch must not count as missing time."""
+    index = ClaimIndex(TA, NODE)
+    held = {"gone"}
+    now = [0.0]
+    tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
+    index.listed(set())
+    assert tracker.check() == frozenset()  # "gone" is missing from now on
+    now[0] += 30
+    assert tracker.check() == frozenset()
+    index.lost()  # the watch fails, and goes on failing
+    held.add("new")  # a claim made meanwhile, prepared: its ADDED event never came
+    for _ in range(3):
+        now[0] += 3600
+        assert tracker.check() is None
+    index.following()  # back: the first check starts the clock of "new", and has nothing
+    assert tracker.check() == frozenset()  # to add to that of "gone" (30 s so far)
+    index.observe("ADDED", ours("new"))  # what the resumed watch sends first
+    now[0] += 29
+    assert tracker.check() == frozenset()
+    index.lost()  # the watch ends between two checks, and is resumed
+    index.following()
+    now[0] += 3600
+    assert tracker.check() == frozenset(), "a check in another stretch adds nothing"
+    now[0] += 1
+    assert tracker.check() == frozenset({"gone"}), "60 s missing while synced"
+
+
+class Blocked:
+    """A policy refusing configurations while a claim holds the CPUs they reserve."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = "CPU 1 is held by claim u1"
+        self.offered: list[PolicyConfig] = []
+        self.applied: list[PolicyConfig] = []
+
+    def apply(self, config: PolicyConfig) -> None:
+        self.offered.append(config)
+        if self.reason is not None:
+            raise PolicyError(f"cannot reserve CPUs: {self.reason}")
+        self.applied.append(config)
+
+
+def test_a_refused_configuration_is_applied_once_what_refused_it_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("reservedCPUs: 0\n")
+    policy = Blocked()
+    results: list[str] = []
+    watcher = ConfigWatcher(path, policy.apply, results.append)
+    path.write_text("reservedCPUs: 0-1\n")
+    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
+        assert watcher.check() == "refused"
+        assert watcher.check() is None, "the same refusal is reported once"
+        assert len(policy.offered) == 2, "but the file is offered again at every check"
+        policy.reason = "CPU 1 is held by claim u2"
+        assert watcher.check() == "refused", "a refusal for a new reason is reported"
+        assert watcher.check() is None
+    assert len(caplog.records) == 2
+    policy.reason = None  # the claim went
+    assert watcher.check() == "applied"
+    assert policy.applied[-1].reserved_cpus == {0, 1}
+    assert watcher.check() is None
+    assert len(policy.offered) == 5, "an applied file is not offered again"
+    assert results == ["refused", "refused", "applied"]
+
+
+def test_a_file_that_does_not_parse_is_not_parsed_again_until_it_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("reservedCPUs: 0\n")
+    applied: list[PolicyConfig] = []
+    watcher = ConfigWatcher(path, applied.append)
+    path.write_text("reservedCPUs: [\n")
+    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
+        assert watcher.check() == "refused"
+        assert watcher.check() is None
+    assert len(caplog.records) == 1
+    assert "not valid YAML" in caplog.text
+    path.write_text("reservedCPUs: 0\n")  # back to the file in force: nothing to do
+    assert watcher.check() is None
+    path.write_text("reservedCPUs: [\n")  # the broken file again: news again
+    assert watcher.check() == "refused"
+    assert applied == []
 
 
 def test_config_watcher(tmp_path: Path) -> None:
