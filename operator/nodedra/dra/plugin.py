@@ -3,7 +3,8 @@
 The plugin owns the kubelet-facing plumbing and none of the decisions. Which devices exist
 and what a claim gets are the policy's; making an allocation durable is the owner's. Every
 kubelet request holds the owner's lock across "policy decides, owner commits, CDI spec is
-written", so kubelet requests serialize against everything else that touches the policy;
+written" (the owner's commit may let it go while it waits for other requests to join one
+write), so kubelet requests serialize against everything else that touches the policy;
 how a request's claims go through those steps is `requests.ClaimRequests`.
 """
 
@@ -45,7 +46,11 @@ ContainerEdits = Mapping[str, Any]
 class Owner(Protocol):
     """Who the plugin serializes kubelet requests against, commits through, and asks to stop.
 
-    The owner *is* a lock: the plugin holds it for every kubelet request, once per request.
+    The owner *is* a lock: the plugin holds it for every kubelet request, once per request,
+    through ``batched``. It makes the changes of a whole request durable at once: the
+    kubelet learns of a prepared claim only from the answer, and a container can get a
+    claim's CDI devices only after that, so one write before the claims' specs are written
+    (and before the answer) keeps every guarantee of one write per claim.
     """
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -60,42 +65,24 @@ class Owner(Protocol):
 
     def __exit__(self, *exc_info: object) -> object: ...
 
-    def claim_allocated(self) -> None:
-        """Make the allocation the policy just made durable; raise if that failed.
-
-        Called with the lock held, once per claim, before the claim's CDI spec is written:
-        what a container may be started with must already be on disk. An owner with a
-        ``commit`` method (see `GroupCommitOwner`) may only note the change here.
-        """
-        ...
-
-    def claim_released(self) -> None:
-        """Make the release the policy just made durable; raise if that failed."""
-        ...
-
-    def request_shutdown(self, reason: str) -> None:
-        """Ask the owner to shut down, for an error the plugin cannot recover from.
-
-        Runs on the very thread whose failure it reports, which ``Plugin.stop`` may wait
-        for: it must return and leave stopping the plugin to the shutdown it triggers.
-        """
-        ...
-
-
-class GroupCommitOwner(Owner, Protocol):
-    """An owner that makes the changes of a whole request durable at once.
-
-    The kubelet learns of a prepared claim only from the answer, and a container can get a
-    claim's CDI devices only after that: so one write before the claims' specs are written
-    (and before the answer) keeps every guarantee of one write per claim.
-    """
-
-    def batched(self) -> AbstractContextManager[Any]:
+    def batched(self) -> AbstractContextManager[object]:
         """The lock, held for one kubelet request (instead of ``with owner``).
 
         Its changes may be committed with those of other requests: ``commit`` may let the
         lock go while it waits for them.
         """
+        ...
+
+    def claim_allocated(self) -> None:
+        """Note the allocation the policy just made; ``commit`` makes it durable.
+
+        Called with the lock held, once per claim, before the request's commit: what a
+        container may be started with must be on disk before its CDI spec is written.
+        """
+        ...
+
+    def claim_released(self) -> None:
+        """Note the release the policy just made; ``commit`` makes it durable."""
         ...
 
     def commit(self) -> None:
@@ -105,7 +92,16 @@ class GroupCommitOwner(Owner, Protocol):
         failure, put the policy back to what is durable, then raise. Called with the lock
         held, once per request, before any CDI spec of the request is written or removed.
         It may let the lock go while it waits (for other requests to join one write) and
-        take it back before it returns.
+        take it back before it returns: another request may then meet this one's claims
+        before their specs are written (see `inflight`).
+        """
+        ...
+
+    def request_shutdown(self, reason: str) -> None:
+        """Ask the owner to shut down, for an error the plugin cannot recover from.
+
+        Runs on the very thread whose failure it reports, which ``Plugin.stop`` may wait
+        for: it must return and leave stopping the plugin to the shutdown it triggers.
         """
         ...
 
@@ -126,6 +122,14 @@ class ClaimPolicy(Protocol):
 
     def release_claim(self, uid: str) -> None:
         """Release what ``allocate_claim`` allocated; an unknown UID is not an error."""
+        ...
+
+    def holds_claim(self, uid: str) -> bool:
+        """Whether claim ``uid`` is allocated now, its allocation committed or not.
+
+        What "prepared before" means: a failed prepare of a claim held before must not
+        release it (containers may run with it, or another request reports it prepared).
+        """
         ...
 
 

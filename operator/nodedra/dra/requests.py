@@ -1,19 +1,22 @@
 """Serving one kubelet request's claims: fetch them, then prepare or unprepare in two phases.
 
 Prepare: the policy allocates every claim of the request and the owner is told per claim;
-then the owner commits them all at once (one checkpoint write, for a `GroupCommitOwner`);
-then each claim's CDI spec is written. Unprepare: the policy releases, the owner commits,
-the specs are removed. The kubelet learns of a claim only from the answer, and a container
-can get a claim's devices only after that, so one write before the specs keeps every
-guarantee of one write per claim. One claim's failure stays its own.
+then the owner commits them all at once (one checkpoint write, shared with the requests
+that come in together); then each claim's CDI spec is written. Unprepare: the policy
+releases, the owner commits, the specs are removed. The kubelet learns of a claim only from
+the answer, and a container can get a claim's devices only after that, so one write before
+the specs keeps every guarantee of one write per claim. One claim's failure stays its own.
+
+The owner's commit may let the lock go while it waits for other requests, so another
+request may meet a claim between its allocation and its spec: `inflight` keeps them from
+undoing each other's claims.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from .claims import (
     is_valid_namespace,
     is_valid_object_name,
 )
+from .inflight import ClaimsInFlight, RequestClaims
 from .kube import ClusterAPI
 from .results import PreparedDevice, PrepareResult
 
@@ -46,7 +50,7 @@ class ClaimRequests:
     """The claims of kubelet requests, for one driver: its owner, policy, CDI specs and API.
 
     ``prepare`` and ``unprepare`` must be called with nothing of the owner's lock held: they
-    take it, once per request.
+    take it, once per request (`Owner.batched`).
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class ClaimRequests:
         self._policy = policy
         self._cdi = cdi
         self._api = api
+        self._in_flight = ClaimsInFlight()
 
     def prepare(self, claims: Sequence[Mapping[str, Any]]) -> dict[str, PrepareResult]:
         """Prepare each claim on its own; one result per claim UID.
@@ -68,7 +73,7 @@ class ClaimRequests:
         """
         answers: dict[str, PrepareResult] = {}
         staged: list[_Staged] = []
-        with self._locked():
+        with self._owner.batched(), self._in_flight.request() as mine:
             for claim in claims:
                 try:
                     ref = claim_ref(claim)
@@ -76,7 +81,7 @@ class ClaimRequests:
                     answers[""] = PrepareResult(error=err)
                     continue
                 try:
-                    stage = self._stage_claim(ref, claim)
+                    stage = self._stage_claim(ref, claim, mine)
                 except Exception as err:  # one claim's failure, whatever it is, stays its own
                     answers[ref.uid] = PrepareResult(error=_logged(ref, err))
                     continue
@@ -99,7 +104,7 @@ class ClaimRequests:
                     answers[stage.ref.uid] = PrepareResult(devices=self._write_spec(stage))
                 except Exception as err:
                     answers[stage.ref.uid] = PrepareResult(error=_logged(stage.ref, err))
-                    if self._undo(stage.ref, rollback=not stage.prepared_before):
+                    if self._undo(stage, mine):
                         undone.append(stage.ref)
             if undone:
                 self._finish_release(undone, faults.UNPREPARE_COMMITTED)
@@ -113,13 +118,14 @@ class ClaimRequests:
         """
         answers: dict[str, Exception | None] = {}
         released: list[ClaimRef] = []
-        with self._locked():
+        with self._owner.batched(), self._in_flight.request() as mine:
             for ref in claims:
                 try:
                     if not ref.uid:
                         raise ClaimError(
                             f"claim {ref.namespace}/{ref.name}: the request has no claim UID"
                         )
+                    mine.unprepare(ref)
                     self._release(ref)
                     released.append(ref)
                     answers[ref.uid] = None
@@ -170,11 +176,15 @@ class ClaimRequests:
             raise ClaimError(f"claim {ref} is not allocated")
         return claim
 
-    def _stage_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> _Staged | None:
+    def _stage_claim(
+        self, ref: ClaimRef, claim: Mapping[str, Any], mine: RequestClaims
+    ) -> _Staged | None:
         """The first phase of a prepare: the policy allocates, the owner is told.
 
         None when the claim has nothing of ours to prepare. On failure nothing of a claim
-        not prepared before stays allocated.
+        not prepared before stays allocated. Prepared before means held by the policy,
+        committed or in the batch under way (another request may be about to write its
+        spec): whether its spec is on disk yet says nothing.
         """
         results = claim_results(claim, self._driver)
         if not results:
@@ -186,13 +196,8 @@ class ClaimRequests:
             )
             return None
         claim_configs(claim, self._driver)  # our policies take no parameters, but check them
-        try:
-            prepared_before = self._cdi.has_claim(ref.uid)
-        except OSError as err:
-            raise ClaimError(
-                f"claim {ref}: cannot tell whether it has a CDI spec in {self._cdi.directory} "
-                f"(whether it was prepared before): {err}"
-            ) from err
+        mine.check_prepare(ref)
+        prepared_before = self._policy.holds_claim(ref.uid)
         try:
             edits = list(self._policy.allocate_claim(claim, results))
         except Exception as err:
@@ -213,6 +218,7 @@ class ClaimRequests:
             if not prepared_before:
                 self._policy.release_claim(ref.uid)  # nothing of it is durable yet
             raise
+        mine.prepared(ref)
         return _Staged(ref, tuple(results), spec, prepared_before)
 
     def _write_spec(self, stage: _Staged) -> tuple[PreparedDevice, ...]:
@@ -235,16 +241,25 @@ class ClaimRequests:
             for result, name in zip(stage.results, names, strict=True)
         )
 
-    def _undo(self, ref: ClaimRef, *, rollback: bool) -> bool:
-        """Undo a failed prepare, unless the claim was prepared before.
+    def _undo(self, stage: _Staged, mine: RequestClaims) -> bool:
+        """Undo a failed prepare, unless the claim was prepared before or by another request.
 
         Returns whether it was released (the release still has to be committed). A claim
-        with a spec may have running containers: a failed re-prepare must not take their
-        resources away, so it stays allocated as it was.
+        prepared before may have running containers: a failed re-prepare must not take their
+        resources away, so it stays allocated as it was. Nor may a failure take a claim from
+        another request that prepared it meanwhile and reports it prepared.
         """
-        if not rollback:
+        ref = stage.ref
+        if stage.prepared_before:
             log.warning(
                 "claim %s was prepared before: it stays allocated", ref, extra={"claim": ref}
+            )
+            return False
+        if not mine.roll_back(ref):
+            log.warning(
+                "claim %s is prepared by another kubelet request too: it stays allocated",
+                ref,
+                extra={"claim": ref},
             )
             return False
         try:
@@ -302,21 +317,9 @@ class ClaimRequests:
             faults.crash_point(faults.UNPREPARE_REMOVED)
         return failed
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The owner's lock for one request: batched, for a `GroupCommitOwner`."""
-        batched = getattr(self._owner, "batched", None)
-        with batched() if batched is not None else self._owner:
-            yield
-
     def _commit(self, committed: str) -> None:
-        """The owner's commit of the request so far.
-
-        Only a `GroupCommitOwner` has one; the others committed each claim already.
-        """
-        commit = getattr(self._owner, "commit", None)
-        if commit is not None:
-            commit()
+        """The owner's commit of the request so far (it may let the lock go meanwhile)."""
+        self._owner.commit()
         faults.crash_point(committed)
 
 

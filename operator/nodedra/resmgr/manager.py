@@ -130,7 +130,7 @@ class ResourceManager:
 
     @contextlib.contextmanager
     def batched(self) -> Iterator[None]:
-        """Hold the lock for one kubelet request (`GroupCommitOwner`).
+        """Hold the lock for one kubelet request (`Owner.batched`).
 
         `commit` may commit it with other requests. Those waiting in `acquire` go first.
         """
@@ -189,7 +189,7 @@ class ResourceManager:
     def commit(self) -> None:
         """Make the request's changes durable, with those of requests waiting for the lock.
 
-        The `GroupCommitOwner` commit, called with the lock held, which it may let go
+        The `Owner` commit, called with the lock held, which it may let go
         meanwhile (see `batchlock`): one checkpoint write for the whole request instead of
         one per claim, and one for all the requests that came in together. If the write
         fails, the policy takes back what the checkpoint holds (the state before those
@@ -242,6 +242,10 @@ class ResourceManager:
         """The policy's release; the claim is reserved for nobody any more."""
         self._policy.release_claim(uid)
         self._reservations.pop(uid, None)
+
+    def holds_claim(self, uid: str) -> bool:
+        """Whether the policy holds claim ``uid``: committed, or in the batch under way."""
+        return uid in self._policy.claim_uids()
 
     # The runtime connection ------------------------------------------------------------
 

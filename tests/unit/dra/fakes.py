@@ -6,11 +6,12 @@ the integration tests run the same code against a real API server.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from nodedra.dra import AllocationResult, KubeAPIError
@@ -20,14 +21,26 @@ NODE = "node-a"
 
 
 class FakeOwner:
-    """A lock that counts, commits that can be made to fail, and recorded shutdowns."""
+    """A lock that counts, commits that can be made to fail, and recorded shutdowns.
 
-    def __init__(self) -> None:
+    It follows the `Owner` protocol as the resource manager does: ``claim_allocated`` and
+    ``claim_released`` only note a change, ``commit`` makes the noted changes durable (one
+    commit counted), or fails and puts the policy (if given) back to what it last committed.
+    ``while_committing``, if set, runs during a commit with the lock let go, as a commit
+    that waits for other requests does.
+    """
+
+    def __init__(self, policy: FakePolicy | None = None) -> None:
         self._lock = threading.Lock()
+        self._policy = policy
+        self._durable: dict[str, list[str]] = {}
         self.locks = 0
         self.unlocks = 0
+        self.noted = 0
+        """Changes announced and not committed yet."""
         self.commits = 0
         self.commit_error: Exception | None = None
+        self.while_committing: Callable[[], None] | None = None
         self.shutdowns: list[str] = []
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -45,20 +58,41 @@ class FakeOwner:
     def __exit__(self, *exc_info: object) -> None:
         self.release()
 
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        with self:
+            yield
+
     def locked(self) -> bool:
         return self._lock.locked()
 
     def claim_allocated(self) -> None:
-        assert self._lock.locked(), "commit without the lock"
-        self.commits += 1
-        if self.commit_error is not None:
-            raise self.commit_error
+        assert self._lock.locked(), "a change noted without the lock"
+        self.noted += 1
 
     def claim_released(self) -> None:
+        assert self._lock.locked(), "a change noted without the lock"
+        self.noted += 1
+
+    def commit(self) -> None:
         assert self._lock.locked(), "commit without the lock"
+        if not self.noted:
+            return
+        hook, self.while_committing = self.while_committing, None
+        if hook is not None:
+            self._lock.release()
+            try:
+                hook()
+            finally:
+                self._lock.acquire()
+        self.noted = 0
         self.commits += 1
         if self.commit_error is not None:
+            if self._policy is not None:
+                self._policy.allocated = copy.deepcopy(self._durable)
             raise self.commit_error
+        if self._policy is not None:
+            self._durable = copy.deepcopy(self._policy.allocated)
 
     def request_shutdown(self, reason: str) -> None:
         self.shutdowns.append(reason)
@@ -95,6 +129,9 @@ class FakePolicy:
         if self.release_error is not None:
             raise self.release_error
         self.allocated.pop(uid, None)
+
+    def holds_claim(self, uid: str) -> bool:
+        return uid in self.allocated
 
 
 class FakeCluster:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,10 @@ from nodedra.dra import (
     PreparedDevice,
     RecoverableError,
 )
+from nodedra.dra.cdi import ClaimSpec
 from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR
 from nodedra.grpc_gen import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
+from nodedra.lib.faults import WritePoints
 from tests.peers.cluster import poll
 from tests.unit.dra.fakes import (
     DRIVER,
@@ -40,8 +44,8 @@ class Rig:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.owner = FakeOwner()
         self.policy = FakePolicy()
+        self.owner = FakeOwner(self.policy)
         self.cluster = FakeCluster()
         self.cdi_dir = tmp / "cdi"
         self.options = Options(
@@ -471,7 +475,8 @@ def test_failed_prepare_rolls_back(allowed: Rig, fault: str, message: str) -> No
     answers = rig.plugin.node_prepare([ref])
     assert message in str(answers["u1"].error)
     assert answers["u1"].devices == ()
-    assert rig.policy.releases == ["u1"]
+    # A failed commit puts the policy back to what is durable: the owner's part, no release.
+    assert rig.policy.releases == ([] if fault == "commit" else ["u1"])
     assert rig.policy.allocated == {}
     assert rig.specs() == []
 
@@ -518,6 +523,22 @@ def test_failed_reprepare_keeps_the_allocation(allowed: Rig) -> None:
     assert rig.plugin.cdi.spec_path("u1").read_bytes() == spec
 
 
+def test_a_failed_reprepare_keeps_a_claim_held_without_its_spec(
+    allowed: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepared before means held by the policy, not that a spec is on disk: a reboot
+    loses the specs (tmpfs), not the claims, whose containers start again."""
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    rig.plugin.node_prepare([ref])
+    rig.plugin.cdi.spec_path("u1").unlink()
+    failing_spec_writes(rig, monkeypatch, 0)
+    answers = rig.plugin.node_prepare([ref])
+    assert "No space left on device" in str(answers["u1"].error)
+    assert rig.policy.releases == []
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
+
+
 def test_same_claim_twice_in_one_request(allowed: Rig) -> None:
     rig = allowed
     ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
@@ -525,6 +546,107 @@ def test_same_claim_twice_in_one_request(allowed: Rig) -> None:
     assert list(answers) == ["u1"]
     assert answers["u1"].error is None
     assert rig.policy.allocated == {"u1": ["cpu-0"]}
+
+
+# --- requests that meet while one of them commits ---------------------------------------
+# The owner's commit may let the lock go while it waits for other requests (see
+# `Owner.commit`): the fake owner runs the other request right there, on a thread of its own.
+
+
+def while_committing(rig: Rig, request: Callable[[], Any]) -> list[Any]:
+    """Run ``request`` to its end during the owner's next commit; its answer, once run."""
+    answer: list[Any] = []
+
+    def run() -> None:
+        worker = threading.Thread(target=lambda: answer.append(request()))
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "the request during the commit is stuck"
+
+    rig.owner.while_committing = run
+    return answer
+
+
+def failing_spec_writes(rig: Rig, monkeypatch: pytest.MonkeyPatch, *failing: int) -> None:
+    """Make the spec writes numbered in ``failing`` (0: the first) fail."""
+    real = rig.plugin.cdi.write_spec
+    writes = itertools.count()
+
+    def write_spec(spec: ClaimSpec, points: WritePoints | None = None) -> list[str]:
+        if next(writes) in failing:
+            raise OSError(28, "No space left on device")
+        return real(spec, points)
+
+    monkeypatch.setattr(rig.plugin.cdi, "write_spec", write_spec)
+
+
+@pytest.mark.parametrize("failing", ["first", "second"])
+def test_a_failed_prepare_keeps_a_claim_another_request_prepared(
+    allowed: Rig, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """Two pods sharing a claim: the second request prepares it while the first waits for
+    its commit, and one of them fails to write the spec. The claim stays held."""
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    second = while_committing(rig, lambda: rig.plugin.node_prepare([ref])["u1"])
+    # The second request writes its spec first: it does not wait for the first one's commit.
+    failing_spec_writes(rig, monkeypatch, 0 if failing == "second" else 1)
+    first = rig.plugin.node_prepare([ref])["u1"]
+    answers = {"first": first, "second": second[0]}
+    assert "No space left on device" in str(answers[failing].error)
+    assert sum(a.error is None for a in answers.values()) == 1
+    assert rig.policy.releases == []
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
+    assert rig.plugin.cdi.has_claim("u1")
+
+
+def test_an_unprepare_is_refused_while_another_request_prepares_the_claim(
+    allowed: Rig,
+) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    unprepared = while_committing(rig, lambda: rig.plugin.node_unprepare([ref])["u1"])
+    prepared = rig.plugin.node_prepare([ref])["u1"]
+    assert prepared.error is None
+    assert "another kubelet request prepares it just now" in str(unprepared[0])
+    assert rig.policy.releases == []
+    assert rig.policy.allocated == {"u1": ["cpu-0"]}
+    assert rig.plugin.cdi.has_claim("u1")
+
+
+def test_a_prepare_is_refused_while_another_request_unprepares_the_claim(
+    allowed: Rig,
+) -> None:
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    assert rig.plugin.node_prepare([ref])["u1"].error is None
+    prepared = while_committing(rig, lambda: rig.plugin.node_prepare([ref])["u1"])
+    assert rig.plugin.node_unprepare([ref]) == {"u1": None}
+    assert "another kubelet request unprepares it just now" in str(prepared[0].error)
+    assert rig.policy.allocated == {}
+    assert not rig.plugin.cdi.has_claim("u1")
+
+
+def test_a_rolled_back_claim_is_not_prepared_until_its_release_is_committed(
+    allowed: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prepare whose spec fails releases the claim and commits again: a request that
+    comes during that commit must not prepare the claim whose spec is about to go."""
+    rig = allowed
+    ref = rig.add(make_claim("u1", [result("req", "cpu-0")]))
+    failing_spec_writes(rig, monkeypatch, 0)
+    meeting: list[list[Any]] = []
+
+    def then_meet() -> None:  # the first commit passes; the rollback's lets a request in
+        meeting.append(while_committing(rig, lambda: rig.plugin.node_prepare([ref])["u1"]))
+
+    rig.owner.while_committing = then_meet
+    answer = rig.plugin.node_prepare([ref])["u1"]
+    assert "No space left on device" in str(answer.error)
+    ((prepared,),) = meeting
+    assert "another kubelet request unprepares it just now" in str(prepared.error)
+    assert rig.policy.allocated == {}
+    assert not rig.plugin.cdi.has_claim("u1")
 
 
 # --- unprepare --------------------------------------------------------------------------
@@ -540,7 +662,7 @@ def test_unprepare_known_twice_and_unknown(allowed: Rig) -> None:
     assert rig.policy.allocated == {}
     assert rig.specs() == []
     assert (rig.owner.locks, rig.owner.unlocks) == (2, 2)
-    assert rig.owner.commits == 4  # one prepare, three releases
+    assert rig.owner.commits == 2  # one per request
 
 
 @pytest.mark.parametrize("fault", ["commit", "policy"])

@@ -369,7 +369,7 @@ def three_behind_a_write(
     threads = prepare_in_threads(node, refs[:1], answers)
     wait_for(lambda: saves.waiting == 0, "the first request's write at its gate")
     threads += prepare_in_threads(node, refs[1:], answers)
-    wait_for(lambda: node.manager._lock._joining == 3, "three requests waiting for the lock")
+    wait_for(lambda: node.manager._lock.requests_waiting == 3, "three requests at the lock")
     return saves, threads, answers
 
 
@@ -446,6 +446,7 @@ def test_other_holders_of_the_lock_see_requests_whole(
     wait_for(lambda: saves.waiting == 1, "the batch's write at its gate")
     event = threading.Thread(target=runtime_event)
     event.start()
+    wait_for(lambda: node.manager._lock.others_waiting == 1, "the event waiting for the lock")
     saves.gates[1].set()
     for thread in [*threads, event]:
         thread.join(30)
