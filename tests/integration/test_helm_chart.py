@@ -485,6 +485,27 @@ def test_every_pinning_mode_of_nodedra_renders(tools: Tools, mode: str) -> None:
     assert ("NODEDRA_PINNING" in environment(rendered)) == (mode != Settings.pinning)
 
 
+@pytest.mark.parametrize(
+    ("value", "annotations"),
+    [
+        ("", None),
+        ("tolerate-nri.example.com", {"tolerate-nri.example.com": "true"}),
+    ],
+    ids=["none", "another-key"],
+)
+def test_the_tolerate_missing_plugins_annotation_follows_its_value(
+    tools: Tools, value: str, annotations: dict[str, str] | None
+) -> None:
+    """The key is whatever the node's validator was told (its
+    tolerate_missing_plugins_annotation); the default is the one manifests/ carries
+    (test_default_values_render_the_kustomize_manifests)."""
+    rendered = tools.template(
+        "nodedra", "--set-string", f"tolerateMissingNRIPluginsAnnotation={value}"
+    )
+    metadata = one(rendered, "DaemonSet")["spec"]["template"]["metadata"]
+    assert metadata.get("annotations") == annotations
+
+
 #: Values the chart refuses, and what it says.
 BAD_VALUES = [
     ("policy=dynamic", 'policy: "dynamic" is not one of topology-aware, static'),

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from nodedra.nri.plugin import PLUGIN_NAME
 from tests.peers.build import CONTAINERD_VERSIONS, PeerBinaries
 from tests.peers.cgroups import node_cgroup_root, remove_stale_cgroup_roots
 from tests.peers.cluster import poll
@@ -73,6 +74,11 @@ CNI_CONFLIST: Mapping[str, Any] = {
 #: node-lifecycle controller lifts it once the node is Ready; the test control plane runs
 #: without that controller (see CONTROLLERS), so `RealNode.wait_ready` lifts it as it would.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+TOLERATE_MISSING_PLUGINS_ANNOTATION = "tolerate-missing-nri-plugins.noderesource.dev"
+"""The annotation key a node started with ``require_nodedra`` lets a pod (or, with
+``/container.<name>``, one container) be created without nodedra: NRI's default validator
+takes whatever key the runtime's configuration names; this one is NRI's documented example, and
+nodedra's own DaemonSet carries it (manifests/daemonset.yaml)."""
 
 
 class NodeError(RuntimeError):
@@ -111,6 +117,9 @@ class RealNode:
     PRIVATE_DIRS. ``cdi_dir`` is where containerd reads CDI specs (nodedra writes them there),
     ``nri_socket`` where containerd serves NRI; both default to paths in ``workdir``.
     ``kubelet_config`` is merged over the node's KubeletConfiguration (top-level keys).
+    ``require_nodedra`` turns on NRI's default validator in containerd with nodedra as a
+    required plugin (README "Pinning containers"): while nodedra is not connected, containerd
+    refuses to create a container unless its pod carries TOLERATE_MISSING_PLUGINS_ANNOTATION.
     """
 
     def __init__(
@@ -132,6 +141,7 @@ class RealNode:
         containerd_log_level: str = "info",
         pod_network: bool = False,
         host_layout: bool = False,
+        require_nodedra: bool = False,
     ) -> None:
         if containerd_version not in CONTAINERD_VERSIONS:
             raise ValueError(
@@ -155,6 +165,7 @@ class RealNode:
         self.containerd_log_level = containerd_log_level
         self.pod_network = pod_network
         self.host_layout = host_layout
+        self.require_nodedra = require_nodedra
         for path in (self.workdir, self.cdi_dir, self.nri_socket):
             for private in PRIVATE_DIRS:
                 if path.is_relative_to(private):
@@ -451,6 +462,18 @@ state = {v(state)}
   plugin_config_path = {v(self.workdir / "nri" / "conf.d")}
   plugin_registration_timeout = {v(self.nri_registration_timeout)}
   plugin_request_timeout = {v(self.nri_request_timeout)}
+{self._nri_validator_toml() if self.require_nodedra else ""}"""
+
+    @staticmethod
+    def _nri_validator_toml() -> str:
+        """NRI's default validator requiring nodedra (by its plugin name: the validator also
+        accepts ``<index>-<name>``, but the name holds whatever index nodedra runs with)."""
+        v = _toml
+        return f"""
+[plugins.'io.containerd.nri.v1.nri'.default_validator]
+  enable = true
+  required_plugins = {v([PLUGIN_NAME])}
+  tolerate_missing_plugins_annotation = {v(TOLERATE_MISSING_PLUGINS_ANNOTATION)}
 """
 
     def _daemon_env(self) -> dict[str, str]:

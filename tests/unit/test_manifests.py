@@ -5,6 +5,8 @@ These tests read the YAML only; applying it to a real API server is the integrat
 
 from __future__ import annotations
 
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -14,14 +16,17 @@ import yaml
 
 from nodedra.dra import driver_name
 from nodedra.nri import DEFAULT_SOCKET
+from nodedra.nri.plugin import PLUGIN_NAME
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS
 from tests.peers.busybox import BUSYBOX_IMAGE
+from tests.peers.node import TOLERATE_MISSING_PLUGINS_ANNOTATION
 from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 SAMPLES = MANIFESTS / "samples"
+README = ROOT / "README.md"
 NAMESPACE = "nodedra"
 SAMPLES_NAMESPACE = "nodedra-demo"
 SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:nodedra"
@@ -311,6 +316,31 @@ def test_daemonset_pod_settings() -> None:
     ready = container["readinessProbe"]["httpGet"]
     assert ready["path"] == "/readyz"
     assert ready["port"] in ("metrics", 9464)
+
+
+def _readme_validator() -> dict[str, Any]:
+    """The containerd configuration README "Pinning containers" gives for requiring nodedra:
+    the default validator's table of its only toml block."""
+    section = README.read_text().split("\n## Pinning containers\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.DOTALL)
+    config = tomllib.loads(block)
+    return cast(dict[str, Any], config["plugins"]["io.containerd.nri.v1.nri"]["default_validator"])
+
+
+def test_readme_s_validator_requires_nodedra_and_lets_the_daemonset_start() -> None:
+    """Where containerd requires nodedra, nodedra's own pod must be created without it: the
+    DaemonSet carries the annotation the README's configuration names, with a value the
+    validator reads as true (Go's strconv.ParseBool), on the pod (all of its containers)."""
+    validator = _readme_validator()
+    assert validator["enable"] is True
+    # The validator matches a plugin by its name or by <index>-<name>: the name holds
+    # whatever index nodedra is given.
+    assert validator["required_plugins"] == [PLUGIN_NAME]
+    key = validator["tolerate_missing_plugins_annotation"]
+    annotations = _daemonset()["spec"]["template"]["metadata"].get("annotations") or {}
+    assert annotations.get(key) == "true", annotations
+    # The real node's test (test_required_plugin.py) runs with this configuration.
+    assert key == TOLERATE_MISSING_PLUGINS_ANNOTATION
 
 
 def test_daemonset_security_context() -> None:
