@@ -2,8 +2,9 @@
 
 `LocalNode` is nodedra as a process builds it: the real ResourceManager, plugin and policy on
 the two-socket fixture machine, with its state, CDI, plugin and registry directories under
-one root (short, so that the sockets fit in a Unix socket path). The API server is a fake of
-our own ClusterAPI protocol; the tests of faults that need a real one use the peers.
+one root (short, so that the sockets fit in a Unix socket path), and a pod UID as deployed.
+The API server is a fake of our own ClusterAPI protocol; the tests of faults that need a
+real one use the peers.
 
 `state_of` turns a running node into plain JSON (what `crashy_node` prints, too) and
 `check_state` asserts the invariants every cut of that state must satisfy.
@@ -48,6 +49,13 @@ SYSFS = ROOT / "tests" / "fixtures" / "sysfs" / "two-socket-smt2-numa4"
 POLICIES = ("topology-aware", "static")
 RESERVED = "0-1"
 """The reservedCPUs of every node here: the books must never hand them out."""
+POD_UID = "pod-5d0c8f3e"
+"""The pod UID of every node here (a restart keeps it, as a container restart in its pod
+does). Every deployed pod has one (``POD_UID``, from the downward API), and it turns on
+what rolling updates need: the instance lock (``serialize.lock``), per-pod socket names,
+and catching up with the checkpoint before each change. Shorter than a real one (36
+characters): the tests' directories are deeper than the kubelet's, and the socket names
+that carry it must fit in a Unix socket path."""
 
 #: Where each crash point is, as the disk shows it: (is the claim in the checkpoint, does it
 #: have a CDI spec) right after the crash. A crash anywhere else would leave another picture.
@@ -159,8 +167,10 @@ class LocalNode:
         resync_period: float = 30.0,
         node_name: str = NODE,
         registrar_dir: Path | None = None,
+        pod_uid: str | None = POD_UID,
     ) -> None:
         self.root = root
+        self.pod_uid = pod_uid
         self.node_name = node_name
         self.registrar_dir = registrar_dir or root / "registry"
         self.policy_name = policy
@@ -189,6 +199,7 @@ class LocalNode:
                 registrar_dir=self.registrar_dir,
                 plugin_data_dir=self.root / "plugin",
                 cdi_dir=self.root / "cdi",
+                rolling_update_uid=self.pod_uid,
                 resync_period=self.resync_period,
                 observer=self.observer,
             ),

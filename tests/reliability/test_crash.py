@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from nodedra.dra import KubeClusterAPI
+from nodedra.dra.endpoint import SERIALIZE_LOCK
 from nodedra.lib import faults
 from nodedra.resmgr import Checkpoint
 from tests.peers.controlplane import ControlPlane
@@ -57,8 +58,18 @@ class Run:
     stderr: str
 
     def result(self, op: str) -> Any:
-        (found,) = [line["result"] for line in self.lines if line.get("op") == op]
+        (found,) = [
+            line["result"] for line in self.lines if line.get("op") == op and "result" in line
+        ]
         return found
+
+    def answered(self, op: str) -> dict[str, Any]:
+        """The answers the requests of ``op`` had (and printed) before the process ended."""
+        return {
+            line["answered"]: line["answer"]
+            for line in self.lines
+            if line.get("op") == op and "answered" in line
+        }
 
     def results(self) -> list[Any]:
         return [line["result"] for line in self.lines if "result" in line]
@@ -256,3 +267,61 @@ def test_crash_while_kubelet_reprepares(
     assert prepared == {a: first[a], c: ref.answers["c"]}
     assert with_c["claims"] == ref.claims["bac"]
     assert {x: scene.spec(x) for x in "ab"} == specs
+
+
+#: Crash points inside one batch of three requests (``together``), each for one of the claims
+#: a, b and c, with the picture on disk right after the crash: (the checkpoint holds the three
+#: claims, how many of them have a CDI spec). The batch's one commit comes after all three
+#: allocated; then the requests write their specs one after the other.
+BATCH_POINTS = {
+    f"{faults.PREPARE_ALLOCATED}@2": (False, 0),  # the second request allocated, no commit yet
+    faults.PREPARE_CHECKPOINT.written: (False, 0),
+    faults.PREPARE_CHECKPOINT.renamed: (True, 0),  # one write holds all three
+    faults.PREPARE_COMMITTED: (True, 0),  # between the batch's save and the specs
+    f"{faults.PREPARE_SPEC.renamed}@2": (True, 2),  # the second spec in place, not answered
+    f"{faults.PREPARE_SPEC.written}@3": (True, 2),  # the third spec half written
+    f"{faults.PREPARE_WRITTEN}@3": (True, 3),  # every spec written, the last not answered
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("point", BATCH_POINTS)
+def test_crash_in_a_batch_of_requests(
+    scene_of: Callable[[str], Scene], policy: str, point: str
+) -> None:
+    """Three kubelet requests committed together; the crash hits the batch at ``point``.
+
+    After the restart every claim is whole or not there: held with its spec, held without
+    one (committed, for the retry to finish), or not held and without a spec. Every claim
+    the kubelet was told is prepared is held, with its spec; the kubelet's retries of the
+    three requests (one batch again) succeed, give the answers given before, and change
+    nothing that was committed.
+    """
+    scene = scene_of(policy)
+    uids = {scene.uid(x) for x in "abc"}
+    op = "together:a,b,c"
+    crashed = run_node(scene.root, policy, op, crash_at=point)
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
+    assert {"event": "begin", "op": op} in crashed.lines
+    assert (scene.root / "plugin" / SERIALIZE_LOCK).exists(), "ran without the instance lock"
+    told = crashed.answered(op)
+    assert all(answer["error"] is None for answer in told.values()), told
+
+    committed, specs = BATCH_POINTS[point]
+    assert set(scene.saved_claims()) == (uids if committed else set())
+    assert sum(scene.spec(x) is not None for x in "abc") == specs
+
+    after = run_node(scene.root, policy, "state", op, "state")
+    assert after.returncode == 0, after.stderr[-2000:]
+    started, retried, with_all = after.results()
+    check_state(started, every_claim_has_a_spec=False)  # no half-prepared claim, no leftover
+    assert set(started["claims"]) == (uids if committed else set())
+    assert len(started["specs"]) == specs
+    assert set(told) <= set(started["specs"]), "a claim the kubelet was told of is not whole"
+    assert retried == {**retried, **told}, "a retry's answer differs from the one given before"
+    assert all(answer["error"] is None for answer in retried.values()), retried
+    assert set(retried) == uids
+    check_state(with_all)
+    assert set(with_all["claims"]) == uids
+    for uid in started["claims"]:
+        assert with_all["claims"][uid] == started["claims"][uid], "the retry allocated anew"

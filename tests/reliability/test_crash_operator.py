@@ -23,7 +23,7 @@ from tests.conftest import KubeletFactory, NodedraFactory
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletError, KubeletHarness
 from tests.peers.nodedra_node import TOPOLOGY_AWARE, NodedraProcess, start_claim_pod
-from tests.reliability.helpers import AFTER_CRASH, check_state, state_on_disk
+from tests.reliability.helpers import AFTER_CRASH, POD_UID, check_state, state_on_disk
 
 DEVICES = 4
 """The topology-aware devices of the fixture machine (four NUMA nodes)."""
@@ -48,8 +48,9 @@ def serve(
     cp: ControlPlane,
     env: Mapping[str, str] | None = None,
 ) -> NodedraProcess:
-    """A new instance of nodedra on the node, serving."""
-    nodedra = factory(kubelet, env=env)
+    """A new instance of nodedra on the node, serving: in the same pod as the one before
+    (a pod UID, as deployed, and the same one: a crash restarts the container)."""
+    nodedra = factory(kubelet, env=env, pod_uid=POD_UID)
     nodedra.wait_serving(cp, kubelet, TOPOLOGY_AWARE, DEVICES)
     return nodedra
 

@@ -5,6 +5,11 @@ directory (its name starts with "." and ends in ".tmp", which CDI runtimes watch
 directory ignore), written and fsynced, renamed over the target, and then, for the
 checkpoint, the directory fsynced so that the rename itself survives a power cut. Readers
 see the old file or the new one, never a partial one.
+
+A failure after the rename is not a failure like the others: the new content is in place
+(a reader, a restarted process sees it), only its surviving a power cut is in doubt. It
+raises `NotDurableError`, so that a caller keeping a copy of the file's content in memory
+can make the copy the new content rather than the old.
 """
 
 from __future__ import annotations
@@ -14,6 +19,14 @@ import tempfile
 from pathlib import Path
 
 from nodedra.lib import faults
+
+
+class NotDurableError(OSError):
+    """The file has its new content, but what came after the rename failed.
+
+    Readers and a restart see the new content; a power cut may bring the old one back
+    (the directory was not synced). The cause is ``__cause__``.
+    """
 
 
 def replace_file(
@@ -27,11 +40,11 @@ def replace_file(
 ) -> None:
     """Make ``data`` the content of ``path``, atomically and durably; raise on failure.
 
-    The directory is created (with ``dir_mode``) if missing. On failure the temporary file
-    is removed and ``path`` is as it was. ``crash_points`` name the places inside the
-    sequence where the reliability tests may kill the process. Without
-    ``sync_directory`` a power cut may undo the rename (never a process crash): for files
-    that a restart writes again anyway.
+    The directory is created (with ``dir_mode``) if missing. On failure before the rename
+    the temporary file is removed and ``path`` is as it was; after it, `NotDurableError`.
+    ``crash_points`` name the places inside the sequence where the reliability tests may
+    kill the process. Without ``sync_directory`` a power cut may undo the rename (never a
+    process crash): for files that a restart writes again anyway.
     """
     directory = path.parent
     directory.mkdir(mode=dir_mode, parents=True, exist_ok=True)
@@ -52,10 +65,15 @@ def replace_file(
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    if crash_points is not None:
-        faults.crash_point(crash_points.renamed)
-    if sync_directory:
-        fsync_directory(directory)
+    try:
+        if crash_points is not None:
+            faults.crash_point(crash_points.renamed)
+        if sync_directory:
+            fsync_directory(directory)
+    except Exception as err:
+        raise NotDurableError(
+            f"{path} has its new content, but it may not survive a power cut: {err}"
+        ) from err
 
 
 def remove_leftovers(directory: Path, target_prefix: str) -> list[str]:

@@ -2,13 +2,15 @@
 
 A crash point does nothing unless ``NODEDRA_CRASH_AT`` names it; then the process kills
 itself with SIGKILL right there, as a power cut or the OOM killer would, leaving no chance to
-clean up. The tests restart nodedra afterwards and check that nothing was lost or given
+clean up. ``point@N`` kills it the Nth time it passes the point (the second request of a
+batch, say). The tests restart nodedra afterwards and check that nothing was lost or given
 twice. The variable is read once, when the process starts (the tests set it for the
 process they start), so a point costs one comparison.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from typing import NamedTuple
@@ -58,10 +60,11 @@ POINTS = (
 """Every crash point, in the order a prepare and then an unprepare pass them."""
 
 
-_TARGET = os.environ.get(CRASH_AT)
+_TARGET, _, _NTH = (os.environ.get(CRASH_AT) or "").partition("@")
+_passes = itertools.count(1)
 
 
 def crash_point(name: str) -> None:
     """Die here, at once, if the tests asked for it."""
-    if name == _TARGET:
+    if name == _TARGET and next(_passes) >= int(_NTH or 1):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -118,7 +118,12 @@ class Checkpoint:
             raise self._corrupt(f"missing or malformed field {err}") from None
 
     def save(self, state: State, crash_points: faults.WritePoints | None = None) -> None:
-        """Replace the checkpoint with ``state``, atomically and durably; raise on failure."""
+        """Replace the checkpoint with ``state``, atomically and durably; raise on failure.
+
+        ``NotDurableError`` (``nodedra.lib.durable``) says the failure came after ``state``
+        was put in place: it is the checkpoint now, what a restart reads (unless a power
+        cut undoes the rename).
+        """
         data = {
             "policy": state.policy,
             "driver": state.driver,

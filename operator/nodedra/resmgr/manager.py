@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSettings, driver_name
 from nodedra.dra.claims import claim_ref
 from nodedra.lib import faults
+from nodedra.lib.durable import NotDurableError
 from nodedra.lib.locks import FileLock
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
 from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
@@ -192,9 +193,13 @@ class ResourceManager:
         The `Owner` commit, called with the lock held, which it may let go
         meanwhile (see `batchlock`): one checkpoint write for the whole request instead of
         one per claim, and one for all the requests that came in together. If the write
-        fails, the policy takes back what the checkpoint holds (the state before those
-        requests), so that what it grants next never rests on an allocation that is not
-        on disk, and each of them fails.
+        fails, each of them fails, and the policy takes back what the checkpoint holds, so
+        that what it grants next rests on exactly what a restart (or, during a rolling
+        update, the other instance) reads: the state before those requests, or, when the
+        failure came after the new checkpoint was put in place (its directory's fsync), the
+        state with them. Then their claims stay held without specs, as after a crash at
+        that point; the kubelet is told a claim is prepared only once a commit of it is
+        durable, which its retry makes (writing again, syncing the directory).
         """
         if self._pending is not None:
             self._lock.wait_for_commit(self._commit_now)
@@ -202,7 +207,8 @@ class ResourceManager:
     def _commit_now(self) -> None:
         """Save the policy's state for the current batch (lock held).
 
-        If the save fails, the policy takes back what the checkpoint holds, then it raises.
+        If the save fails, the policy takes back what the checkpoint holds (as of the
+        failure: see `_save`), then it raises.
         """
         points, self._pending = self._pending, None
         if points is None:
@@ -409,16 +415,30 @@ class ResourceManager:
             )
 
     def _save(self, crash_points: faults.WritePoints | None = None) -> None:
+        """Write the policy's state to the checkpoint (lock held); raise on failure.
+
+        Once the new file is in place it is what a restart and the other instance read,
+        whatever fails after: from then on it is the durable state that a failed commit
+        takes back, and the view of what is committed.
+        """
         reservations = {
             uid: r.to_json()
             for uid, r in self._reservations.items()
             if uid in self._policy.claim_uids()
         }
         state = State(self._policy.name, self.driver, self._policy.snapshot(), reservations)
-        self.checkpoint.save(state, crash_points)
+        try:
+            self.checkpoint.save(state, crash_points)
+        except NotDurableError:
+            self._on_disk(state)
+            raise
+        self._on_disk(state)
+
+    def _on_disk(self, state: State) -> None:
+        """``state`` is the checkpoint now: what a failed commit takes back, what is committed."""
         self._durable = state
-        self._saved = self.checkpoint.identity()
         self._take_view()
+        self._saved = self.checkpoint.identity()
 
     def _take_view(self) -> None:
         """Make what the policy holds now the view of what is committed (lock held)."""
@@ -446,8 +466,9 @@ class ResourceManager:
     def _take_back_durable(self) -> None:
         """Make the policy hold what the checkpoint holds (a commit failed; lock held).
 
-        From the copy of the last state written or read, not from the disk, which just
-        failed us.
+        From the copy of the last state put in place or read, not from the disk, which just
+        failed us: the state before the commit, or the commit's own if its file was put in
+        place before the failure.
         """
         durable = self._durable
         self._policy.restore(durable.claims if durable is not None else {})

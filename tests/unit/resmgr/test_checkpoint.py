@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from nodedra.lib import durable
 from nodedra.resmgr import checkpoint as cp
 from nodedra.resmgr.checkpoint import Checkpoint, CheckpointError, State
 
@@ -144,3 +145,22 @@ def test_version_without_migration_is_refused(
     monkeypatch.setattr(cp, "VERSION", cp.VERSION + 1)
     with pytest.raises(CheckpointError, match="cannot migrate"):
         checkpoint.load()
+
+
+def test_a_save_that_fails_after_the_rename_says_the_new_state_is_in_place(
+    checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's fsync fails: the new state is what a reader gets, and the error
+    says so (NotDurableError), not that the checkpoint is as it was."""
+    checkpoint.save(STATE)
+    newer = State("topology-aware", "topology-aware.nri.io", {})
+
+    def fail(directory: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(durable, "fsync_directory", fail)
+    with pytest.raises(durable.NotDurableError, match="may not survive a power cut") as caught:
+        checkpoint.save(newer)
+    assert isinstance(caught.value.__cause__, OSError)
+    assert checkpoint.load() == newer
+    assert os.listdir(checkpoint.path.parent) == ["checkpoint.json"]

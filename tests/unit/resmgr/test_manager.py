@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from nodedra.dra import ClaimRef, RequestObserver, driver_name
+from nodedra.lib import durable, faults
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager, batchlock
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
@@ -453,3 +454,129 @@ def test_other_holders_of_the_lock_see_requests_whole(
     assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2", "u3"])
     all_four = {"u0", "u1", "u2", "u3"}
     assert seen == [(all_four, all_four, 4)], "the event saw a batch half done"
+
+
+# -- a commit that fails after the new checkpoint is in place ------------------------------------
+
+
+class FailingAfterRename:
+    """Makes the checkpoint's writes fail after the rename (while ``failing`` is set): the
+    directory's fsync fails, or (as a crash point that raised) the step right after it."""
+
+    def __init__(self, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.failing = False
+        real_fsync, real_point = durable.fsync_directory, faults.crash_point
+
+        def fsync_directory(directory: Path) -> None:
+            if self.failing and where == "directory fsync":
+                raise OSError(5, "Input/output error")
+            real_fsync(directory)
+
+        def crash_point(name: str) -> None:
+            if self.failing and where == "after the rename" and name.endswith("checkpoint-renamed"):
+                raise RuntimeError(f"failed at {name}")
+            real_point(name)
+
+        monkeypatch.setattr(durable, "fsync_directory", fsync_directory)
+        monkeypatch.setattr(faults, "crash_point", crash_point)
+
+
+AFTER_RENAME = ["directory fsync", "after the rename"]
+
+
+def assert_memory_is_the_disk(node: Node) -> dict[str, Any]:
+    """What the running manager holds is what its checkpoint (and so a restart) holds."""
+    saved = node.manager.checkpoint.load()
+    assert saved is not None
+    assert node.manager.policy.snapshot() == saved.claims, "memory and disk disagree"
+    assert node.manager.committed_claims() == set(saved.claims)
+    return dict(saved.claims)
+
+
+@pytest.mark.parametrize("where", AFTER_RENAME)
+def test_a_prepare_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
+    node: Node, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The new checkpoint is in place: the policy keeps the batch's claims, as a restart
+    would read them, but the request fails (the commit may not survive a power cut) and
+    writes no spec; the kubelet's retry commits again and gets what a clean run gives."""
+    node.manager.start()
+    first = node.add_claim("u0", results_on(node, 0))
+    assert node.manager.plugin.node_prepare([first])["u0"].error is None
+    before_specs = node.specs()
+    fault = FailingAfterRename(where, monkeypatch)
+    fault.failing = True
+
+    refs = [first, *(node.add_claim(f"u{i}", results_on(node, i)) for i in (1, 2))]
+    answers = node.manager.plugin.node_prepare(refs)
+    for uid in ("u0", "u1", "u2"):
+        assert "committing the allocation failed" in str(answers[uid].error), answers[uid]
+    held = assert_memory_is_the_disk(node)
+    assert set(held) == {"u0", "u1", "u2"}
+    assert node.specs() == before_specs, "a spec written for a commit that failed"
+    restarted = make_policy(topology(SHAPE), node.config)
+    restarted.restore(held)
+    assert restarted.snapshot() == node.manager.policy.snapshot()
+
+    fault.failing = False
+    answers = node.manager.plugin.node_prepare(refs)
+    assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
+    assert assert_memory_is_the_disk(node) == held, "the retry allocated anew"
+    assert len(node.specs()) == 3
+
+
+@pytest.mark.parametrize("where", AFTER_RENAME)
+def test_a_release_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
+    node: Node, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The release is on disk: the policy has let the claims go too; their specs stay
+    for the kubelet's retry, which succeeds and removes them."""
+    node.manager.start()
+    refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(2)]
+    assert all(a.error is None for a in node.manager.plugin.node_prepare(refs).values())
+    specs = node.specs()
+    fault = FailingAfterRename(where, monkeypatch)
+    fault.failing = True
+
+    answers = node.manager.plugin.node_unprepare(refs)
+    assert all("committing the release failed" in str(e) for e in answers.values()), answers
+    assert assert_memory_is_the_disk(node) == {}
+    assert node.specs() == specs
+
+    fault.failing = False
+    assert node.manager.plugin.node_unprepare(refs) == dict.fromkeys(["u0", "u1"])
+    assert assert_memory_is_the_disk(node) == {}
+    assert node.specs() == []
+
+
+@pytest.mark.parametrize("where", AFTER_RENAME)
+def test_after_a_commit_that_failed_after_the_rename_both_instances_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """During a rolling update the other instance catches up with the checkpoint on disk:
+    the instance whose commit failed after the rename must hold the same claims, and
+    neither may give their CPUs to another claim."""
+    old, new = Node(tmp_path, "static"), Node(tmp_path, "static")
+    new.cluster = old.cluster
+    old.manager = old.new_manager("pod-old")
+    new.manager = new.new_manager("pod-new")
+    old.manager.start()
+    new.manager.start()
+    try:
+        fault = FailingAfterRename(where, monkeypatch)
+        fault.failing = True
+        first = old.add_claim("first", results_for(old))  # cpu005
+        assert old.manager.plugin.node_prepare([first])["first"].error is not None
+        fault.failing = False
+        assert old.manager.policy.claim_uids() == {"first"}
+        assert new.manager.committed_claims() == {"first"}
+        assert old.manager.committed_claims() == {"first"}
+        clash = old.add_claim("clash", results_for(old))  # cpu005 again
+        for instance in (old, new):
+            answer = instance.manager.plugin.node_prepare([clash])["clash"]
+            assert "CPU 5 is held by claim first" in str(answer.error)
+        assert new.manager.plugin.node_prepare([first])["first"].error is None
+        assert old.manager.policy.snapshot() == new.manager.policy.snapshot()
+    finally:
+        old.manager.stop()
+        new.manager.stop()
