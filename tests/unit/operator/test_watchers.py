@@ -209,11 +209,11 @@ def test_a_claim_waits_no_longer_than_the_longest_delay(node: Node) -> None:
 def test_a_claim_prepared_and_unprepared_before_its_turn_costs_no_write(node: Node) -> None:
     ref = one_cpu_claim(node)
     writer = StatusWriter(node.cluster, node.manager, NODE, quiet=0.2, max_delay=60)
-    writer.start()
     node.manager.plugin.node_prepare([ref])
     writer.request_done(prepared(ref, node.cluster.get_claim("default", "claim-u1")))
     node.manager.plugin.node_unprepare([ref])
     writer.request_done(unprepared(ref))
+    writer.start()  # both queued before its turn, however slow the machine
     wait_looked_at(writer, 1)  # once the kubelet has been quiet for 0.2 s
     writer.stop()
     assert ("status", "claim-u1") not in node.cluster.writes
