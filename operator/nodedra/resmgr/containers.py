@@ -209,7 +209,7 @@ class ContainerPinner:
     def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> bool:
         """The runtime applied ``sent``, but for the containers ``failed`` names.
 
-        True if updates are due again: an event decided one of them anew meanwhile.
+        True if updates are due again: the books changed while some were on their way.
         """
         with self._lock():
             self.pinning.sent(sent, failed)
@@ -242,7 +242,7 @@ class ContainerPinner:
             if known is None or pods <= known.pods:
                 return
             current[uid] = Reservation(known.namespace, known.name, known.pods | pods)
-            self.pinning.behind = True
+            self.pinning.books_changed()
         self._on_changed()
 
     def _refresh(self, uids: Iterable[str]) -> None:

@@ -396,7 +396,7 @@ class ResourceManager:
     def _books_changed(self) -> None:
         """Claims came or went (lock held): containers may have to change CPUs."""
         if self.containers is not None:
-            self.containers.pinning.behind = True
+            self.containers.pinning.books_changed()
             self._updates_due = True
 
     def _check_pinnable(self, config: PolicyConfig) -> None:

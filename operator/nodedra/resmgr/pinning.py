@@ -96,8 +96,6 @@ class _Tracked:
     """What the runtime runs the container with, as far as we know; None: we do not know
     (an update of ours crossed a newer decision, and either may have been applied last)."""
     pinned: bool = False
-    decided: int = 0
-    """When its cpuset was last decided (``Pinning.decisions`` then)."""
 
 
 @dataclass
@@ -116,11 +114,16 @@ class Pinning:
     """Whether some container may run on other CPUs than it should: the books changed (a
     commit), or the runtime failed an update. Until then looking for stale containers,
     which costs a decision per container, finds nothing and is skipped."""
-    decisions: int = 0
-    """Decisions recorded so far: the generation of what each container was told."""
+    generation: int = 0
+    """Changes of the books so far (claims or their reservations)."""
     _sending: dict[str, int] = field(default_factory=dict)
-    """Updates computed for the sender and not yet reported back: the container's
-    ``decided`` when each was computed."""
+    """Updates computed for the sender and not yet reported back: the books' generation
+    when each was computed."""
+
+    def books_changed(self) -> None:
+        """Claims, or whom they are reserved for, changed: containers may be behind."""
+        self.behind = True
+        self.generation += 1
 
     def held(self, container: Container) -> dict[str, frozenset[int]]:
         """The claims (and result indexes) of our driver that ``container`` names."""
@@ -169,10 +172,7 @@ class Pinning:
     def track(self, pod: Pod, container: Container, decision: Decision, told: CPUSet) -> None:
         """Remember ``container`` and what the runtime runs it with; log a pinning."""
         known = self.containers.get(container.id)
-        self.decisions += 1
-        self.containers[container.id] = _Tracked(
-            container, pod, told, bool(decision.claims), self.decisions
-        )
+        self.containers[container.id] = _Tracked(container, pod, told, bool(decision.claims))
         if decision.error and known is None:
             self.invalid_total += 1
             log.warning(
@@ -233,30 +233,29 @@ class Pinning:
     def stale_to_send(self, books: Books) -> list[Update]:
         """:meth:`stale`, for updates sent outside an event: report them with :meth:`sent`.
 
-        Such an update travels while the runtime may ask about its container again (an
-        event decides it anew and answers at once): which of the two the runtime applies
-        last is not ours to know, so :meth:`sent` checks whether a decision came between.
+        Such an update travels while the books may change and an event answer for its
+        container from the newer books: which of the two the runtime applies last is not
+        ours to know, so :meth:`sent` checks whether the books changed in between.
         """
         updates = self.stale(books)
         for update in updates:
-            self._sending[update.container_id] = self.containers[update.container_id].decided
+            self._sending[update.container_id] = self.generation
         return updates
 
     def told(self, updates: Iterable[Update]) -> None:
-        """An event's answer carries ``updates``: they are the containers' newest decision."""
+        """An event's answer carries ``updates``, decided from the books as they are."""
         for update in updates:
             known = self.containers.get(update.container_id)
             if known is not None:
-                self.decisions += 1
-                known.decided = self.decisions
                 known.told = merged(known.told or CPUSet(""), update.cpuset)
 
     def sent(self, updates: Iterable[Update], failed: Iterable[str] = ()) -> None:
         """The runtime applied ``updates`` of :meth:`stale_to_send`, except for ``failed``.
 
-        An update whose container was decided anew before it was applied may have
-        overwritten the newer answer: what the container runs with is then unknown, and
-        it is sent what it should have once more.
+        An update computed before the books changed may be out of date, and may have been
+        applied after an event's answer from the newer books: what the container runs with
+        is then unknown, and it is sent what it should have once more. (Without a change
+        of the books an event decides as the update did.)
         """
         missed = set(failed)
         for update in updates:
@@ -264,7 +263,7 @@ class Pinning:
             computed = self._sending.pop(update.container_id, None)
             if known is None:
                 continue
-            if computed != known.decided:
+            if computed != self.generation:
                 known.told = None
                 self.behind = True
             elif update.container_id not in missed and known.told is not None:

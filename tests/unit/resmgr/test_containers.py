@@ -217,18 +217,23 @@ def test_the_claim_watch_moves_a_sharing_pods_container_onto_the_claim(node: Nod
 
 
 def test_an_update_that_crosses_a_newer_decision_is_sent_again(node: Node) -> None:
-    """The sender's update travels while an event answers for the same container."""
+    """The sender's update travels while an event answers for the same container.
+
+    A prepare commits after the sender computed its update, and a creation, which looks
+    for containers behind, finds none: the first container was last told what the newest
+    books want. Then the older update lands, and must not pass for current.
+    """
     node.pinner.synchronize([OWNER], [plain("p", OWNER, cpus=node.shared.cpus)])
-    old_shared = node.shared
+    with_claim = node.shared
     node.policy.release_claim(UID)
-    node.pinner.pinning.behind = True  # a commit: the claim is gone
+    node.pinner.pinning.books_changed()  # a commit: the claim is gone
     (update,) = node.pinner.pending_updates()  # the sender computes it...
     assert update == Update("ctr-p", node.shared)
     node.allocate()
-    node.pinner.pinning.behind = True  # ...a prepare commits meanwhile...
-    (answer,) = node.pinner.update_container(OWNER, plain("p", OWNER), CPUSet(""))
-    assert answer == Update("ctr-p", old_shared)  # ...and an event answers with the newest
-    assert node.pinner.updates_sent([update], []), "the runtime may have either: again"
-    assert node.pinner.pending_updates() == [Update("ctr-p", old_shared)]
-    assert not node.pinner.updates_sent([Update("ctr-p", old_shared)], [])
+    node.pinner.pinning.books_changed()  # ...a prepare commits meanwhile...
+    _, others = node.pinner.create_container(OWNER, plain("q", OWNER))
+    assert others == [], "...and a creation finds nobody behind what it was last told..."
+    assert node.pinner.updates_sent([update], []), "...but the update in flight is old"
+    assert node.pinner.pending_updates() == [Update("ctr-p", with_claim)]
+    assert not node.pinner.updates_sent([Update("ctr-p", with_claim)], [])
     assert node.pinner.pending_updates() == []

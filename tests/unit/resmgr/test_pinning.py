@@ -81,7 +81,7 @@ def test_only_containers_behind_what_they_should_have_are_updated() -> None:
     assert books.stale(BOOKS) == []
     freed = Books(BOOKS.grants, BOOKS.reservations, BOOKS.online, parse_cpu_list("4-5"))
     assert books.stale(freed) == [], "nothing changed as far as the books know"
-    books.behind = True  # a commit: claim(s) came or went
+    books.books_changed()  # a commit: claim(s) came or went
     (update,) = books.stale_to_send(freed)
     assert update.cpuset.cpus == "0-3,6-55"
     books.sent([update])
