@@ -180,11 +180,13 @@ RestartSec=1
 WantedBy=multi-user.target
 """
 
-#: Units masked in the guest: the serial getty would take the console, the others are
-#: periodic jobs a test node does not want running during a test.
+#: Units masked in the guest: the serial getty would take the console and nobody logs in
+#: (the gettys of the virtual terminals were a fifth of the boot), the others are periodic
+#: jobs a test node does not want running during a test.
 MASKED_UNITS: tuple[str, ...] = (
     "serial-getty@ttyS0.service",
-    "getty@tty1.service",
+    "getty.target",
+    "getty-static.service",
     "e2scrub_all.timer",
     "e2scrub_reap.service",
     "apt-daily.timer",
@@ -311,8 +313,6 @@ def recipe_key(kernel_package: str) -> str:
 
 def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
     """The VM node's image: cached, or built now (minutes) under a lock."""
-    if os.geteuid() != 0:
-        raise VMImageError("building the VM node's image needs root (debootstrap, chroot)")
     ensure_host_tools(log)
     kernel = pick_kernel()
     entry = cache_root() / f"vm-image-{recipe_key(kernel)}"
@@ -320,6 +320,10 @@ def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
         if (entry / "image.json").is_file():
             print(f"[vm] using the cached image {entry}", file=log, flush=True)
             return VMImage.load(entry)
+        if os.geteuid() != 0:
+            raise VMImageError(
+                "building the VM node's image needs root (debootstrap, chroot, device nodes)"
+            )
         _remove_stale_builds(log)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import lzma
+import os
+import shutil
 
 import pytest
 
@@ -32,3 +34,16 @@ def test_the_cache_key_changes_with_the_recipe(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(vm_image, "INIT_SCRIPT", vm_image.INIT_SCRIPT + "\n")
     monkeypatch.setattr(vm_image, "PACKAGES", vm_image.PACKAGES[:-1])
     assert recipe_key("linux-image-6.1.0-57-amd64") != key
+
+
+def test_without_qemu_and_root_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(VMImageError) as failed:
+        vm_image.ensure_host_tools()
+    message = str(failed.value)
+    for package in ("qemu-system-x86", "qemu-utils", "e2fsprogs"):
+        assert package in message
+    assert "apt-get install --no-install-recommends" in message
