@@ -206,7 +206,7 @@ GUEST_FILES: dict[str, str] = {
 
 #: The disk's size: sparse, so it takes what the tree takes; the rest is room for what later
 #: steps put on it (containerd, the kubelet, images).
-DISK_SIZE = "4G"
+DISK_BYTES = 4 << 30
 
 _HOST_PACKAGES = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
 _HOST_TOOLS = {"mkfs.ext4": "e2fsprogs", "dpkg-deb": "dpkg", "apt-get": "apt"}
@@ -304,7 +304,7 @@ def recipe_key(kernel_package: str) -> str:
         INIT_SCRIPT,
         *MASKED_UNITS,
         *(f"{path}={text}" for path, text in sorted(GUEST_FILES.items())),
-        DISK_SIZE,
+        str(DISK_BYTES),
     )
     for part in parts:
         digest.update(part.encode() + b"\0")
@@ -340,7 +340,8 @@ def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
         image = VMImage.load(entry)
         print(
             f"[vm] image ready in {time.monotonic() - started:.0f}s: {entry} (disk "
-            f"{_used_mb(image.disk):.0f} MB used of {DISK_SIZE}, kernel {image.kernel_package})",
+            f"{_used_mb(image.disk):.0f} MB used of {DISK_BYTES >> 30} GiB, kernel "
+            f"{image.kernel_package})",
             file=log,
             flush=True,
         )
@@ -366,7 +367,7 @@ def _build(work: Path, kernel_package: str, log: Log) -> None:
     debs = work / "debs"
     debs.mkdir()
     print(f"[vm] building the VM image in {work}; log {transcript}", file=log, flush=True)
-    _apt_download(kernel_package, debs, transcript, log)
+    _apt_download(kernel_package, debs)
     deb = next(debs.glob(f"{kernel_package}_*.deb"))
     kernel_tree = work / "kernel"
     _run(
@@ -396,14 +397,8 @@ def _build(work: Path, kernel_package: str, log: Log) -> None:
         extract_vmlinux((kernel_tree / "boot" / f"vmlinuz-{version}").read_bytes())
     )
     disk = work / "disk.raw"
-    _run(
-        ["truncate", "-s", DISK_SIZE, str(disk)],
-        transcript,
-        log,
-        what="truncate",
-        hint="",
-        timeout=60,
-    )
+    with open(disk, "wb") as sparse:
+        sparse.truncate(DISK_BYTES)
     _run(
         ["mkfs.ext4", "-q", "-F", "-L", "nodedra-vm", "-d", str(rootfs), str(disk)],
         transcript,
@@ -428,7 +423,7 @@ def _build(work: Path, kernel_package: str, log: Log) -> None:
     )
 
 
-def _apt_download(package: str, dest: Path, transcript: Path, log: Log) -> None:
+def _apt_download(package: str, dest: Path) -> None:
     """``apt-get download``; a fresh machine may need ``apt-get update`` first."""
     argv = ["apt-get", "download", package]
     got = subprocess.run(argv, cwd=dest, capture_output=True, text=True, check=False)
