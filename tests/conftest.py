@@ -21,6 +21,10 @@
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
 
+* `vm_node`: a Debian guest under QEMU with systemd and cgroup v2, two NUMA nodes, SMT and
+  huge pages (tests.peers.vm), booted once per test module; its image is built (and cached)
+  right after collection, and QEMU runs in the private network namespace.
+
 When a test fails, the log tails of the peers it used are attached to its
 report (sections "peer log: <name>").
 
@@ -38,9 +42,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pytest
 from kubernetes.client import ApiClient, Configuration
@@ -82,6 +86,8 @@ from tests.peers.profile import (
     gates_for,
     read_enabled,
 )
+from tests.peers.vm import VMError, VMNode
+from tests.peers.vm_image import VMImage, ensure_vm_image
 
 _BINARIES = pytest.StashKey[PeerBinaries]()
 _BUILD_ERROR = pytest.StashKey[str]()
@@ -173,12 +179,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     so a long first build is not charged to one test's timeout; then leave the
     machine's network for a namespace of our own (building needed the network)."""
     fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
+    needs_vm = any(_VM_FIXTURE in names for names in fixtures)
+    if needs_vm:
+        _build_vm_image(session.config)
     if any("peer_binaries" in names for names in fixtures):
         _resolve_binaries(session.config, node=any(_NODE_FIXTURES & names for names in fixtures))
         if any("busybox_image" in names for names in fixtures):
             _download_busybox(session.config)
         if any(_IMAGE_FIXTURE in names for names in fixtures):
             _build_nodedra_image(session.config)
+        _enter_private_network(session.config)
+    if needs_vm:
         _enter_private_network(session.config)
 
 
@@ -696,6 +707,7 @@ def nodedra_factory(
 # network namespace (pytest_collection_finish): pip and debootstrap download. A failure is kept
 # and fails every test that uses the image, with the reason.
 
+_Built = TypeVar("_Built")
 _IMAGE = pytest.StashKey[NodedraImage]()
 _IMAGE_BUILD_ERROR = pytest.StashKey[str]()
 #: The fixture whose tests need the image (built only then).
@@ -704,35 +716,109 @@ _IMAGE_FIXTURE = "nodedra_image"
 
 def _build_nodedra_image(config: pytest.Config) -> None:
     """Build nodedra's image once per session (tests.peers.image caches its base layer)."""
-    if _IMAGE in config.stash or _IMAGE_BUILD_ERROR in config.stash:
-        return
-    with _terminal(config):
-        print(file=sys.stderr)
-        try:
-            config.stash[_IMAGE] = build_nodedra_image(log=sys.stderr)
-        except (ImageBuildError, OSError) as err:
-            config.stash[_IMAGE_BUILD_ERROR] = str(err)
-            print(f"[image] ERROR: {err}", file=sys.stderr)
+    _build_once(config, _IMAGE, _IMAGE_BUILD_ERROR, lambda: build_nodedra_image(log=sys.stderr))
 
 
 @pytest.fixture(scope="session")
 def nodedra_image(pytestconfig: pytest.Config) -> NodedraImage:
     """nodedra's image, the Dockerfile's recipe built without Docker (tests.peers.image): an
     OCI archive for ``ctr images import`` (``RealNode.import_image``)."""
-    if _IMAGE not in pytestconfig.stash and _IMAGE_BUILD_ERROR not in pytestconfig.stash:
+    return _built(
+        pytestconfig,
+        _IMAGE,
+        _IMAGE_BUILD_ERROR,
+        _build_nodedra_image,
+        what="nodedra's image",
+        downloads="pip and debootstrap",
+    )
+
+
+def _build_once(
+    config: pytest.Config,
+    key: pytest.StashKey[_Built],
+    error: pytest.StashKey[str],
+    build: Callable[[], _Built],
+) -> None:
+    """Run ``build`` once per session, keeping its result or its error in the stash."""
+    if key in config.stash or error in config.stash:
+        return
+    with _terminal(config):
+        print(file=sys.stderr)
+        try:
+            config.stash[key] = build()
+        except (ImageBuildError, OSError) as err:
+            config.stash[error] = str(err)
+            print(f"[peers] ERROR: {err}", file=sys.stderr)
+
+
+def _built(
+    config: pytest.Config,
+    key: pytest.StashKey[_Built],
+    error: pytest.StashKey[str],
+    build: Callable[[pytest.Config], None],
+    *,
+    what: str,
+    downloads: str,
+) -> _Built:
+    """What ``build`` made (it runs now if collection did not run it: a fixture used in a
+    way collection did not see), or the test fails with why it could not be made."""
+    if key not in config.stash and error not in config.stash:
         if in_private_network():
-            pytestconfig.stash[_IMAGE_BUILD_ERROR] = (
+            config.stash[error] = (
                 "it was not built before the test run entered its private network namespace, "
-                "where pip and debootstrap cannot download"
+                f"where {downloads} cannot download"
             )
         else:
-            _build_nodedra_image(pytestconfig)
-    if _IMAGE_BUILD_ERROR in pytestconfig.stash:
-        pytest.fail(
-            f"nodedra's image is unavailable: {pytestconfig.stash[_IMAGE_BUILD_ERROR]}",
-            pytrace=False,
-        )
-    return pytestconfig.stash[_IMAGE]
+            build(config)
+    if error in config.stash:
+        pytest.fail(f"{what} is unavailable: {config.stash[error]}", pytrace=False)
+    return config.stash[key]
 
 
 # == end of nodedra's container image ==============================================================
+
+
+# == the VM node (tests.peers.vm) ==========================================================
+# Its image is built right after collection, before the test process enters its private network
+# namespace (debootstrap and apt download); QEMU then runs inside that namespace.
+
+_VM_IMAGE = pytest.StashKey[VMImage]()
+_VM_IMAGE_ERROR = pytest.StashKey[str]()
+#: The fixture whose tests need the VM image (built only then).
+_VM_FIXTURE = "vm_node"
+
+
+def _build_vm_image(config: pytest.Config) -> None:
+    _build_once(config, _VM_IMAGE, _VM_IMAGE_ERROR, lambda: ensure_vm_image(sys.stderr))
+
+
+@pytest.fixture(scope="module")
+def vm_node(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VMNode]:
+    """A guest booted to multi-user (tests.peers.vm) for a module's tests; killed afterwards."""
+    image = _built(
+        pytestconfig,
+        _VM_IMAGE,
+        _VM_IMAGE_ERROR,
+        _build_vm_image,
+        what="the VM node's image",
+        downloads="apt and debootstrap",
+    )
+    _enter_private_network(pytestconfig)
+    if not in_private_network():
+        pytest.fail(
+            "the VM node runs only in the test run's private network namespace: "
+            f"{pytestconfig.stash.get(_NETNS_ERROR, 'not entered')}",
+            pytrace=False,
+        )
+    node = VMNode(image, tmp_path_factory.mktemp("vm"))
+    try:
+        try:
+            node.start()
+        except VMError as err:
+            pytest.fail(f"the VM node did not boot: {err}", pytrace=False)
+        print(f"[vm] guest {node.state} {node.boot_seconds:.1f}s after QEMU started")
+        yield node
+    finally:
+        node.stop()

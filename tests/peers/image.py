@@ -138,6 +138,9 @@ _IMAGE_SCHEME = "1"
 _KEEP_BASE_ENTRIES = 2
 
 _DEBOOTSTRAP_TIMEOUT = 45 * 60
+#: A command prefix: what follows runs in a mount namespace of its own, whose mounts the
+#: kernel drops when its processes are gone.
+OWN_MOUNT_NAMESPACE = ("unshare", "--mount", "--propagation", "private", "--")
 _PIP_TIMEOUT = 20 * 60
 _INSTALL_TIMEOUT = 10 * 60
 
@@ -505,31 +508,13 @@ def _build_base(entry: Path, packages: Sequence[str], log: Log) -> None:
         flush=True,
     )
     started = time.monotonic()
-    argv = [
-        # In a mount namespace of its own: what debootstrap mounts in the tree (/proc, /sys)
-        # goes away with it, even when it is killed.
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "debootstrap",
-        f"--variant={VARIANT}",
-        f"--include={','.join(packages)}",
-        f"--keyring={KEYRING}",
-        SUITE,
-        str(rootfs),
+    run_debootstrap(
+        packages,
+        rootfs,
         mirror,
-    ]
-    _run(
-        argv,
-        transcript,
-        log,
-        what=f"debootstrap of Debian {SUITE} from {mirror}",
-        hint=f"It needs network access to that mirror (set {MIRROR_ENV} to another) and the "
-        f"packages of {PACKAGES_FILE} to exist in {SUITE}. {DOCKER_HINT}",
-        timeout=_DEBOOTSTRAP_TIMEOUT,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        transcript=transcript,
+        log=log,
+        needs=f"the packages of {PACKAGES_FILE} to exist in {SUITE}. {DOCKER_HINT}",
     )
     strip_rootfs(rootfs)
     missing = [p for p in (PYTHON, "usr/bin/dpkg") if not (rootfs / p.lstrip("/")).exists()]
@@ -558,15 +543,48 @@ def _build_base(entry: Path, packages: Sequence[str], log: Log) -> None:
     )
 
 
+def run_debootstrap(
+    packages: Sequence[str], rootfs: Path, mirror: str, *, transcript: Path, log: Log, needs: str
+) -> None:
+    """debootstrap minbase of SUITE with ``packages`` into ``rootfs``; ``needs`` ends the
+    hint of its error (what else it needs than the mirror)."""
+    _run(
+        [
+            # In a mount namespace of its own: what debootstrap mounts in the tree (/proc,
+            # /sys) goes away with it, even when it is killed.
+            *OWN_MOUNT_NAMESPACE,
+            "debootstrap",
+            f"--variant={VARIANT}",
+            f"--include={','.join(packages)}",
+            f"--keyring={KEYRING}",
+            SUITE,
+            str(rootfs),
+            mirror,
+        ],
+        transcript,
+        log,
+        what=f"debootstrap of Debian {SUITE} from {mirror}",
+        hint=f"It needs network access to that mirror (set {MIRROR_ENV} to another) and {needs}",
+        timeout=_DEBOOTSTRAP_TIMEOUT,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+
+
 def _prune_base_entries(keep: Path, log: Log) -> None:
     """Drop the oldest base layers: each change of packages.txt makes a new one."""
+    prune_cache_entries("image-base-*", keep, _KEEP_BASE_ENTRIES, log)
+
+
+def prune_cache_entries(pattern: str, keep: Path, count: int, log: Log) -> None:
+    """Keep ``keep`` and the newest others of the cache entries matching ``pattern``, ``count``
+    in all: each change of a recipe makes a new entry of some hundreds of MB."""
     entries = sorted(
-        (p for p in cache_root().glob("image-base-*") if p.is_dir() and p != keep),
+        (p for p in cache_root().glob(pattern) if p.is_dir() and p != keep),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    for old in entries[_KEEP_BASE_ENTRIES - 1 :]:
-        print(f"[image] removing old base layer {old}", file=log, flush=True)
+    for old in entries[count - 1 :]:
+        print(f"[image] removing old cache entry {old}", file=log, flush=True)
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -672,11 +690,7 @@ def install_nodedra(base: BaseLayer, wheels: Path, workdir: Path, log: Log) -> P
     print(f"[image] running image/install.sh in the image; log {transcript}", file=log, flush=True)
     _run(
         [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
+            *OWN_MOUNT_NAMESPACE,
             "sh",
             "-c",
             _CHROOT_INSTALL,

@@ -1,0 +1,216 @@
+"""The VM node: a guest of tests.peers.vm_image under QEMU, shaped like a two-socket server.
+
+QEMU emulates (TCG): this machine's KVM device is PVM, which needs a guest kernel built for it
+(tests/peers/README.md, "VM node"). The guest has two NUMA nodes of 1 GiB, CPUs 0-1 on node 0
+and 2-3 on node 1, each pair the two threads of one core (``Skylake-Server-v1``: with ``max``
+the guest sees no SMT siblings), 2 MiB huge pages on both nodes, systemd as PID 1 and cgroup v2.
+
+What keeps it in its place:
+
+* QEMU runs in the test run's private network namespace (tests.peers.netns), with user
+  networking ``restrict=on`` and no forwards: whatever the guest sends reaches nothing.
+* Every QEMU runs under ``timeout -s KILL`` (a TCG guest that hits an emulation failure hangs
+  instead of exiting) in a process group of its own that ``stop()`` kills.
+* The disk is the cached image opened with ``-snapshot``: the guest's writes go to a
+  temporary file QEMU deletes, so guests share the image and never change it.
+
+Tests talk to the guest through the agent of the image (tests.peers.vm_image.AGENT_SCRIPT) on a
+virtio-serial port that QEMU connects to a Unix socket here: :meth:`VMNode.run`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.peers.process import PeerProcess, tail
+from tests.peers.vm_image import AGENT_PORT, QBOOT, VMImage
+
+#: The kernel command line: serial console, systemd on the unified hierarchy, and huge pages
+#: (the kernel spreads them over the NUMA nodes).
+KERNEL_CMDLINE = (
+    "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.unified_cgroup_hierarchy=1 "
+    "hugepagesz=2M hugepages=32"
+)
+
+#: The machine: two sockets of one core of two threads, one NUMA node a socket.
+MACHINE_ARGS: tuple[str, ...] = (
+    "-accel", "tcg,thread=multi,tb-size=256",
+    "-cpu", "Skylake-Server-v1",
+    "-smp", "4,sockets=2,cores=1,threads=2",
+    "-m", "2048",
+    "-object", "memory-backend-ram,id=m0,size=1G",
+    "-object", "memory-backend-ram,id=m1,size=1G",
+    "-numa", "node,nodeid=0,cpus=0-1,memdev=m0",
+    "-numa", "node,nodeid=1,cpus=2-3,memdev=m1",
+)  # fmt: skip
+
+#: Longest a guest may live: QEMU is killed then, whatever the tests are doing.
+HARD_TIMEOUT = 30 * 60
+QEMU = "qemu-system-x86_64"
+INSTALL_HINT = (
+    "The VM node needs QEMU: as root the tests install it themselves; otherwise run "
+    "apt-get install --no-install-recommends qemu-system-x86 qemu-utils"
+)
+
+
+class VMError(RuntimeError):
+    """The guest did not boot, or a command could not be run in it; the message says why."""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    """What a command run in the guest did."""
+
+    command: str
+    returncode: int
+    output: str
+    """Its stdout and stderr, interleaved."""
+
+    def check(self) -> str:
+        """The output, or VMError with it if the command failed."""
+        if self.returncode != 0:
+            raise VMError(
+                f"`{self.command}` failed in the guest (exit {self.returncode}): {self.output}"
+            )
+        return self.output
+
+
+class VMNode:
+    """One guest: ``start()`` boots it to multi-user, ``run()`` runs commands, ``stop()``."""
+
+    def __init__(self, image: VMImage, workdir: Path, hard_timeout: float = HARD_TIMEOUT) -> None:
+        self.image = image
+        self.workdir = workdir
+        self.console_path = workdir / "console.log"
+        self.log_path = workdir / "qemu.log"
+        self.agent_path = workdir / "agent.sock"
+        self.hard_timeout = hard_timeout
+        self.boot_seconds: float | None = None
+        """From QEMU's start to systemd's multi-user state, once started."""
+        self.state = ""
+        """``systemctl is-system-running`` after boot (running, degraded...)."""
+        self._process: PeerProcess | None = None
+        self._agent: socket.socket | None = None
+        self._buffer = b""
+        self._next_id = 1
+
+    def argv(self) -> list[str]:
+        """QEMU's command line (under ``timeout``)."""
+        qemu = shutil.which(QEMU)
+        if qemu is None or not QBOOT.is_file():
+            raise VMError(f"{QEMU} or {QBOOT} is missing. {INSTALL_HINT}")
+        return [
+            "timeout", "-s", "KILL", str(int(self.hard_timeout)),
+            qemu, "-nodefaults", "-no-user-config", "-no-reboot",
+            "-display", "none", "-monitor", "none",
+            "-serial", f"file:{self.console_path}",
+            *MACHINE_ARGS,
+            "-bios", str(QBOOT),
+            "-kernel", str(self.image.kernel),
+            "-initrd", str(self.image.initramfs),
+            "-append", KERNEL_CMDLINE,
+            "-drive", f"file={self.image.disk},if=virtio,format=raw,cache=unsafe",
+            "-snapshot",
+            "-nic", "user,restrict=on,model=virtio-net-pci",
+            "-device", "virtio-serial-pci,id=vser0",
+            "-chardev", f"socket,id=agent,path={self.agent_path},server=on,wait=off",
+            "-device", f"virtserialport,bus=vser0.0,chardev=agent,name={AGENT_PORT}",
+        ]  # fmt: skip
+
+    def start(self, boot_timeout: float = 240.0) -> None:
+        """Boot the guest and wait until systemd has finished starting it (running or
+        degraded, in :attr:`state`)."""
+        if len(str(self.agent_path)) > 100:
+            raise VMError(f"{self.agent_path} is too long for a Unix socket; use a shorter dir")
+        started = time.monotonic()
+        deadline = started + boot_timeout
+        self._process = PeerProcess("qemu", self.argv(), self.log_path)
+        self._agent = self._connect(deadline)
+        hello = self._read_line(deadline, "the guest agent's greeting")
+        if not hello.startswith(b"hello "):
+            raise VMError(f"the guest agent greeted with {hello!r}, not hello")
+        wait = max(deadline - time.monotonic(), 10.0)
+        result = self.run("systemctl is-system-running --wait", timeout=wait)
+        self.state = result.output.strip()
+        self.boot_seconds = time.monotonic() - started
+        if self.state not in ("running", "degraded"):
+            raise VMError(f"systemd did not finish booting the guest: {self.state!r}")
+
+    def _connect(self, deadline: float) -> socket.socket:
+        while True:
+            self._check_alive("its agent socket appeared")
+            if self.agent_path.exists():
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(str(self.agent_path))
+                    return sock
+                except OSError:
+                    sock.close()
+            if time.monotonic() > deadline:
+                raise VMError(f"QEMU made no agent socket {self.agent_path}; {self._tails()}")
+            time.sleep(0.05)
+
+    def _check_alive(self, before: str) -> None:
+        if self._process is None or not self._process.alive():
+            code = self._process.popen.returncode if self._process else None
+            raise VMError(f"QEMU exited (code {code}) before {before}; {self._tails()}")
+
+    def _read_line(self, deadline: float, what: str) -> bytes:
+        assert self._agent is not None
+        while b"\n" not in self._buffer:
+            self._check_alive(what)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VMError(f"no answer from the guest ({what}) in time; {self._tails()}")
+            self._agent.settimeout(min(left, 1.0))
+            try:
+                chunk = self._agent.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                raise VMError(f"the guest's agent channel closed ({what}); {self._tails()}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def run(self, command: str, timeout: float = 60.0) -> GuestResult:
+        """Run ``command`` with ``sh`` in the guest (as root) and return what it did; the
+        guest kills it after ``timeout`` seconds."""
+        if self._agent is None:
+            raise VMError("the guest is not running")
+        ident = self._next_id
+        self._next_id += 1
+        encoded = base64.b64encode(command.encode()).decode()
+        self._agent.sendall(f"{ident} {int(timeout)} {encoded}\n".encode())
+        # The guest's own timeout ends the command; the margin is the agent's round trip.
+        deadline = time.monotonic() + timeout + 30
+        while True:
+            fields = self._read_line(deadline, f"`{command}`").split()
+            if len(fields) >= 2 and fields[0] == str(ident).encode():
+                output = base64.b64decode(fields[2]) if len(fields) > 2 else b""
+                return GuestResult(command, int(fields[1]), output.decode(errors="replace"))
+
+    def stop(self) -> None:
+        """Kill QEMU (the disk is a snapshot: nothing of the guest is kept)."""
+        if self._agent is not None:
+            with contextlib.suppress(OSError):
+                self._agent.close()
+            self._agent = None
+        if self._process is not None:
+            self._process.stop(grace=5)
+            self._process = None
+
+    def _tails(self) -> str:
+        return "; ".join(f"{name}:\n{text}" for name, text in self.log_tails().items())
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        return {
+            f"vm console ({self.console_path})": tail(self.console_path, lines),
+            f"qemu ({self.log_path})": tail(self.log_path, lines),
+        }

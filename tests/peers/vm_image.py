@@ -1,0 +1,532 @@
+"""The disk image of the VM node: a Debian bookworm guest with systemd and cgroup v2.
+
+This machine's cgroup controllers are bound to v1 hierarchies (see tests/peers/README.md, "VM
+node"); a guest kernel has cgroups of its own, with every controller on the unified hierarchy,
+as on the nodes nodedra's users run. The guest is made from Debian's packages only, on this
+machine, without loop mounts:
+
+1. ``debootstrap --variant=minbase`` of bookworm with systemd as init (:data:`PACKAGES`),
+   in a mount namespace of its own (as tests.peers.image builds its base layer), stripped
+   as that base layer is (tests.peers.image.strip_rootfs);
+2. Debian's generic kernel (``linux-image-6.1.0-<abi>-amd64``, the newest apt-cache offers:
+   the ``-cloud`` flavour lacks 9p), downloaded, not installed: ``dpkg-deb -x``; its modules
+   go into the root filesystem (less the drivers no virtual machine has, :data:`MODULE_PRUNE`)
+   and ``depmod`` runs there;
+3. an initramfs of static busybox (tests.peers.busybox) that loads the virtio and ext4
+   modules (built as modules in Debian's kernel) and switches to the disk's ``/sbin/init``;
+4. the uncompressed kernel (``vmlinux``, taken out of vmlinuz) for qboot's PVH entry, which
+   boots in a fraction of a second where SeaBIOS and the compressed kernel take seconds;
+5. ``mkfs.ext4 -d`` of the tree into a sparse raw disk.
+
+The guest's only channel to the tests is a virtio-serial port on which a small shell agent
+(:data:`AGENT_SCRIPT`, a systemd unit) runs the commands the host sends (tests.peers.vm).
+
+A build takes a few minutes and depends only on the recipe, so it is cached under
+``tests.peers.build.cache_root()/vm-image-<hash>/``, the hash covering everything here that
+shapes the image (:func:`recipe_key`), built under a lock (once for parallel runs) in a
+working directory renamed into place when complete. Building needs root and the Debian mirror;
+it installs QEMU, debootstrap and e2fsprogs from Debian's packages when missing. Every failure
+raises VMImageError saying what is missing.
+
+Build from the command line (prints where the image is)::
+
+    python -m tests.peers.vm_image
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.peers.build import Log, PeerBuildError, _locked, cache_root, install_debian_packages
+from tests.peers.busybox import busybox_binary
+from tests.peers.image import (
+    SUITE,
+    VARIANT,
+    ImageBuildError,
+    _ensure_debootstrap,
+    _run,
+    debian_mirror,
+    prune_cache_entries,
+    run_debootstrap,
+    strip_rootfs,
+)
+
+#: Bump when the build changes in a way the recipe key does not see.
+VM_IMAGE_SCHEME = "1"
+
+#: What debootstrap adds to minbase: systemd as PID 1 (systemd-sysv), device nodes and module
+#: loading (udev, kmod), ``ip`` (iproute2), and libseccomp2, which runc (built with seccomp)
+#: links against.
+PACKAGES: tuple[str, ...] = ("systemd-sysv", "udev", "kmod", "iproute2", "libseccomp2")
+
+#: The kernel flavour: the generic one (the cloud flavour has no 9p); the newest ABI of this
+#: series that apt-cache offers is taken.
+KERNEL_PATTERN = re.compile(r"linux-image-6\.1\.0-(\d+)-amd64")
+
+#: Module directories (under ``lib/modules/<version>/kernel``) the guest has no device for:
+#: left out, they save some 250 MB of the disk and of mkfs's time.
+MODULE_PRUNE: tuple[str, ...] = (
+    "sound",
+    "drivers/gpu",
+    "drivers/media",
+    "drivers/infiniband",
+    "drivers/usb",
+    "drivers/iio",
+    "drivers/staging",
+    "drivers/comedi",
+    "drivers/hid",
+    "drivers/input",
+    "drivers/hwmon",
+    "drivers/mtd",
+    "drivers/video",
+    "drivers/bluetooth",
+    "drivers/isdn",
+    "drivers/net/wireless",
+    "drivers/net/ethernet",
+    "drivers/net/can",
+    "net/wireless",
+    "net/mac80211",
+    "net/bluetooth",
+)
+
+#: What the initramfs loads, in dependency order, before it can mount the virtio disk.
+INITRAMFS_MODULES: tuple[str, ...] = (
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "virtio_blk",
+    "crc32c_generic",
+    "crc32c-intel",
+    "jbd2",
+    "mbcache",
+    "crc16",
+    "ext4",
+)
+
+#: The initramfs' /init: load the modules, mount the disk, hand over to systemd. Whatever
+#: fails powers the guest off (QEMU runs with -no-reboot), so a broken image ends QEMU at
+#: once rather than at its timeout.
+INIT_SCRIPT = """#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mkdir -p /proc /sys /dev /newroot
+mount -t proc proc /proc
+mount -t devtmpfs devtmpfs /dev
+fail() { echo "initramfs: $*" > /dev/console; poweroff -f; }
+for module in $(cat /modules.order); do
+    insmod "/modules/$module.ko" || fail "cannot load $module"
+done
+i=0
+while [ ! -b /dev/vda ]; do
+    i=$((i + 1)); [ "$i" -gt 300 ] && fail "no /dev/vda"; sleep 0.1
+done
+mount -t ext4 -o rw /dev/vda /newroot || fail "cannot mount /dev/vda"
+umount /proc
+umount /dev
+exec switch_root /newroot /sbin/init
+"""
+
+#: The name of the agent's virtio-serial port (``/dev/virtio-ports/<name>`` in the guest).
+AGENT_PORT = "nodedra.agent"
+
+#: The guest's agent. Protocol, one line each way, so that a shell can speak it: the host
+#: sends ``<id> <seconds> <command, base64>``, the agent runs the command with ``sh`` under
+#: ``timeout`` and answers ``<id> <exit code> <stdout and stderr, base64>``; it greets with
+#: ``hello <boot id>`` when it opens the port. A virtio-serial port needs no network in the
+#: guest (its network stays cut off) and no listener beyond this script.
+AGENT_SCRIPT = f"""#!/bin/sh
+# nodedra's test agent: runs the commands of the host's tests (tests/peers/vm.py).
+port=/dev/virtio-ports/{AGENT_PORT}
+work=/run/nodedra-agent
+i=0
+while [ ! -e "$port" ]; do
+    i=$((i + 1)); [ "$i" -gt 600 ] && {{ echo "no $port" >&2; exit 1; }}; sleep 0.1
+done
+mkdir -p "$work"
+exec 3<>"$port"
+echo "hello $(cat /proc/sys/kernel/random/boot_id)" >&3
+while read -r id limit command <&3; do
+    if printf '%s' "$command" | base64 -d > "$work/command" 2>/dev/null; then
+        timeout -s KILL "$limit" sh "$work/command" < /dev/null > "$work/output" 2>&1
+        rc=$?
+    else
+        echo "agent: the command is not base64" > "$work/output"; rc=126
+    fi
+    echo "$id $rc $(base64 -w0 "$work/output")" >&3
+done
+"""
+
+AGENT_UNIT = """[Unit]
+Description=nodedra test agent on the virtio-serial port
+[Service]
+ExecStartPre=-/sbin/modprobe virtio_console
+ExecStart=/usr/local/sbin/nodedra-agent
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""
+
+#: Units masked in the guest: the serial getty would take the console and nobody logs in
+#: (the gettys of the virtual terminals were a fifth of the boot), the others are periodic
+#: jobs a test node does not want running during a test.
+MASKED_UNITS: tuple[str, ...] = (
+    "serial-getty@ttyS0.service",
+    "getty.target",
+    "getty-static.service",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "fstrim.timer",
+)
+
+#: The guest's /etc files (beyond debootstrap's).
+GUEST_FILES: dict[str, str] = {
+    "etc/hostname": "nodedra-vm\n",
+    "etc/hosts": "127.0.0.1 localhost\n127.0.1.1 nodedra-vm\n",
+    "etc/fstab": "/dev/vda / ext4 rw,relatime 0 0\n",
+    "usr/local/sbin/nodedra-agent": AGENT_SCRIPT,
+    "etc/systemd/system/nodedra-agent.service": AGENT_UNIT,
+}
+
+#: The disk's size: sparse, so it takes what the tree takes; the rest is room for what later
+#: steps put on it (containerd, the kubelet, images).
+DISK_BYTES = 4 << 30
+
+_HOST_PACKAGES = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
+_HOST_TOOLS = {"mkfs.ext4": "e2fsprogs", "dpkg-deb": "dpkg", "apt-get": "apt"}
+_KEEP_ENTRIES = 2
+_BUILD_PREFIX = ".vm-image-build-"
+QBOOT = Path("/usr/share/qemu/qboot.rom")
+
+
+class VMImageError(ImageBuildError):
+    """The VM node's image could not be built; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class VMImage:
+    """A built guest: what QEMU boots."""
+
+    directory: Path
+    kernel: Path
+    """Uncompressed (ELF, PVH entry) for qboot."""
+    initramfs: Path
+    disk: Path
+    """Raw ext4, the root filesystem (boot it with -snapshot to keep it as it is)."""
+    kernel_version: str
+    """``6.1.0-50-amd64``: the modules' directory name."""
+    kernel_package: str
+    """``linux-image-6.1.0-50-amd64 6.1.176-1``."""
+
+    @classmethod
+    def load(cls, directory: Path) -> VMImage:
+        info = json.loads((directory / "image.json").read_text())
+        return cls(
+            directory,
+            directory / "vmlinux",
+            directory / "initramfs.cpio",
+            directory / "disk.raw",
+            info["kernel_version"],
+            info["kernel_package"],
+        )
+
+
+def ensure_host_tools(log: Log = sys.stderr) -> None:
+    """Install QEMU (and what the build runs) from Debian's packages when missing, as root;
+    otherwise fail saying what to install."""
+    wanted = {**_HOST_PACKAGES, **_HOST_TOOLS}
+    missing = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
+    if not QBOOT.is_file():
+        missing.append("qemu-system-x86")
+    if missing:
+        try:
+            install_debian_packages(
+                sorted(set(missing)),
+                "the VM node (QEMU and its image build)",
+                log,
+                "Install them (Debian: apt-get install --no-install-recommends "
+                "qemu-system-x86 qemu-utils debootstrap e2fsprogs).",
+            )
+        except PeerBuildError as err:
+            raise VMImageError(str(err)) from None
+    still = sorted(tool for tool in wanted if shutil.which(tool) is None)
+    if still or not QBOOT.is_file():
+        raise VMImageError(
+            f"the VM node needs {', '.join(still) or QBOOT} after installing "
+            "qemu-system-x86 qemu-utils e2fsprogs; install them"
+        )
+
+
+def pick_kernel() -> str:
+    """The newest generic 6.1 kernel package apt-cache knows (e.g. linux-image-6.1.0-50-amd64)."""
+    listed = subprocess.run(
+        ["apt-cache", "pkgnames", "linux-image-6.1.0-"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = [m for m in map(KERNEL_PATTERN.fullmatch, listed.stdout.split()) if m]
+    if not found:
+        raise VMImageError(
+            f"apt-cache knows no package like {KERNEL_PATTERN.pattern} (exit "
+            f"{listed.returncode}: {listed.stderr.strip()[-300:]}); run `apt-get update` with "
+            f"Debian {SUITE} in apt's sources"
+        )
+    return max(found, key=lambda m: int(m.group(1))).group(0)
+
+
+def recipe_key(kernel_package: str) -> str:
+    """Everything that shapes the image, hashed: the cache entry's name."""
+    digest = hashlib.sha256(VM_IMAGE_SCHEME.encode())
+    parts = (
+        SUITE,
+        VARIANT,
+        *PACKAGES,
+        kernel_package,
+        *MODULE_PRUNE,
+        *INITRAMFS_MODULES,
+        INIT_SCRIPT,
+        *MASKED_UNITS,
+        *(f"{path}={text}" for path, text in sorted(GUEST_FILES.items())),
+        str(DISK_BYTES),
+    )
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
+    """The VM node's image: cached, or built now (minutes) under a lock."""
+    ensure_host_tools(log)
+    kernel = pick_kernel()
+    entry = cache_root() / f"vm-image-{recipe_key(kernel)}"
+    with _locked(cache_root() / ".vm-image.lock"):
+        if (entry / "image.json").is_file():
+            print(f"[vm] using the cached image {entry}", file=log, flush=True)
+            return VMImage.load(entry)
+        if os.geteuid() != 0:
+            raise VMImageError(
+                "building the VM node's image needs root (debootstrap, chroot, device nodes)"
+            )
+        _remove_stale_builds(log)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(
+            prefix=f"{_BUILD_PREFIX}{os.getpid()}-", dir=cache_root()
+        ) as tmp:
+            _build(Path(tmp), kernel, log)
+            if entry.exists():
+                shutil.rmtree(entry)
+            # Complete or absent: the entry appears by one rename.
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, entry)
+            os.mkdir(tmp)  # for TemporaryDirectory's cleanup
+        prune_cache_entries("vm-image-*", entry, _KEEP_ENTRIES, log)
+        image = VMImage.load(entry)
+        print(
+            f"[vm] image ready in {time.monotonic() - started:.0f}s: {entry} (disk "
+            f"{_used_mb(image.disk):.0f} MB used of {DISK_BYTES >> 30} GiB, kernel "
+            f"{image.kernel_package})",
+            file=log,
+            flush=True,
+        )
+        return image
+
+
+def _used_mb(path: Path) -> float:
+    return path.stat().st_blocks * 512 / 1e6
+
+
+def _remove_stale_builds(log: Log) -> None:
+    """Working directories of builds whose process is gone (each some 700 MB)."""
+    for path in cache_root().glob(f"{_BUILD_PREFIX}*"):
+        pid = path.name[len(_BUILD_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            print(f"[vm] removing the working directory of a build that is gone: {path}", file=log)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _build(work: Path, kernel_package: str, log: Log) -> None:
+    _ensure_debootstrap(log)
+    transcript = work / "build.log"
+    debs = work / "debs"
+    debs.mkdir()
+    print(f"[vm] building the VM image in {work}; log {transcript}", file=log, flush=True)
+    _apt_download(kernel_package, debs)
+    deb = next(debs.glob(f"{kernel_package}_*.deb"))
+    kernel_tree = work / "kernel"
+    _run(
+        ["dpkg-deb", "-x", str(deb), str(kernel_tree)],
+        transcript,
+        log,
+        what=f"unpacking {deb.name}",
+        hint="",
+        timeout=600,
+    )
+    (version,) = [p.name for p in (kernel_tree / "lib" / "modules").iterdir()]
+    rootfs = work / "rootfs"
+    mirror = debian_mirror()
+    run_debootstrap(
+        PACKAGES,
+        rootfs,
+        mirror,
+        transcript=transcript,
+        log=log,
+        needs=f"Debian {SUITE}'s packages.",
+    )
+    strip_rootfs(rootfs)
+    _install_modules(kernel_tree / "lib" / "modules" / version, rootfs, transcript, log)
+    _configure(rootfs)
+    _make_initramfs(kernel_tree / "lib" / "modules" / version, work / "initramfs.cpio", log)
+    (work / "vmlinux").write_bytes(
+        extract_vmlinux((kernel_tree / "boot" / f"vmlinuz-{version}").read_bytes())
+    )
+    disk = work / "disk.raw"
+    with open(disk, "wb") as sparse:
+        sparse.truncate(DISK_BYTES)
+    _run(
+        ["mkfs.ext4", "-q", "-F", "-L", "nodedra-vm", "-d", str(rootfs), str(disk)],
+        transcript,
+        log,
+        what="mkfs.ext4 -d of the guest's tree",
+        hint="It needs e2fsprogs >= 1.43.",
+        timeout=600,
+    )
+    shutil.rmtree(rootfs)
+    shutil.rmtree(kernel_tree)
+    shutil.rmtree(debs)
+    (work / "image.json").write_text(
+        json.dumps(
+            {
+                "kernel_version": version,
+                "kernel_package": f"{kernel_package} {deb.name.split('_')[1]}",
+                "packages": list(PACKAGES),
+                "mirror": mirror,
+            },
+            indent=2,
+        )
+    )
+
+
+def _apt_download(package: str, dest: Path) -> None:
+    """``apt-get download``; a fresh machine may need ``apt-get update`` first."""
+    argv = ["apt-get", "download", package]
+    got = subprocess.run(argv, cwd=dest, capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=False)
+        got = subprocess.run(argv, cwd=dest, capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        raise VMImageError(
+            f"`apt-get download {package}` failed (exit {got.returncode}): "
+            f"{got.stderr.strip()[-400:]}"
+        )
+
+
+def _install_modules(modules: Path, rootfs: Path, transcript: Path, log: Log) -> None:
+    """The kernel's modules, less MODULE_PRUNE, into the guest, indexed by its depmod."""
+    dest = rootfs / "lib" / "modules" / modules.name
+    shutil.copytree(modules, dest, symlinks=True)
+    for relative in MODULE_PRUNE:
+        shutil.rmtree(dest / "kernel" / relative, ignore_errors=True)
+    _run(
+        ["chroot", str(rootfs), "depmod", modules.name],
+        transcript,
+        log,
+        what="depmod in the guest's tree",
+        hint="",
+        timeout=600,
+    )
+
+
+def _configure(rootfs: Path) -> None:
+    for relative, text in GUEST_FILES.items():
+        path = rootfs / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (rootfs / "usr/local/sbin/nodedra-agent").chmod(0o755)
+    systemd = rootfs / "etc/systemd/system"
+    for unit in MASKED_UNITS:
+        (systemd / unit).unlink(missing_ok=True)
+        (systemd / unit).symlink_to("/dev/null")
+    wants = systemd / "multi-user.target.wants"
+    wants.mkdir(exist_ok=True)
+    (wants / "nodedra-agent.service").symlink_to("/etc/systemd/system/nodedra-agent.service")
+
+
+def _make_initramfs(modules: Path, out: Path, log: Log) -> None:
+    """busybox, /init and INITRAMFS_MODULES as an uncompressed newc cpio (busybox's cpio:
+    the machine may have none)."""
+    busybox = busybox_binary(log)
+    with tempfile.TemporaryDirectory(prefix="initramfs-") as tmp:
+        root = Path(tmp)
+        for directory in ("bin", "modules", "dev", "proc", "sys", "newroot"):
+            (root / directory).mkdir()
+        shutil.copy2(busybox, root / "bin" / "busybox")
+        (root / "init").write_text(INIT_SCRIPT)
+        (root / "init").chmod(0o755)
+        for name in INITRAMFS_MODULES:
+            found = sorted(modules.rglob(f"{name}.ko"))
+            if len(found) != 1:
+                raise VMImageError(f"the kernel has {len(found)} modules {name}.ko: {found}")
+            shutil.copy2(found[0], root / "modules" / f"{name}.ko")
+        (root / "modules.order").write_text("\n".join(INITRAMFS_MODULES) + "\n")
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        with open(out, "wb") as stream:
+            subprocess.run(
+                [str(busybox), "cpio", "-o", "-H", "newc"],
+                cwd=root,
+                check=True,
+                input="\n".join(names).encode() + b"\n",
+                stdout=stream,
+                stderr=subprocess.DEVNULL,
+            )
+
+
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def extract_vmlinux(bzimage: bytes) -> bytes:
+    """The ELF kernel inside a bzImage whose payload is xz-compressed (Debian's): qboot boots
+    it by its PVH entry, without the decompression stage."""
+    start = bzimage.find(_XZ_MAGIC)
+    while start >= 0:
+        try:
+            elf = lzma.LZMADecompressor(lzma.FORMAT_XZ).decompress(bzimage[start:])
+        except lzma.LZMAError:
+            elf = b""
+        if elf.startswith(b"\x7fELF"):
+            return elf
+        start = bzimage.find(_XZ_MAGIC, start + 1)
+    raise VMImageError("no xz-compressed ELF kernel found in the vmlinuz")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    del argv
+    started = time.monotonic()
+    try:
+        image = ensure_vm_image()
+    except (VMImageError, ImageBuildError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(image.directory)
+    print(f"[vm] ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
