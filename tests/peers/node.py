@@ -51,13 +51,13 @@ from tests.peers.cluster import poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.mountns import PRIVATE_DIRS, MountNamespace
 from tests.peers.netns import NODE_ADDRESS
-from tests.peers.oci import ImageSpec, write_image_archive
+from tests.peers.oci import write_image_archive
 from tests.peers.podnet import KubeProxy, install_cni
 from tests.peers.pods import (
     PAUSE_IMAGE,
     WORKLOAD_CONTAINER,
-    WORKLOAD_IMAGE,
     container_id,
+    node_image_specs,
     pod_log,
 )
 from tests.peers.process import PeerProcess, PeerProcessError, tail
@@ -527,11 +527,7 @@ state = {v(state)}
 
     def import_images(self) -> None:
         """Import the pause and workload images (OCI archives written from the peer build)."""
-        specs = (
-            ImageSpec(PAUSE_IMAGE, self.binaries.pause, "pause"),
-            ImageSpec(WORKLOAD_IMAGE, self.binaries.workload, "workload"),
-        )
-        for spec in specs:
+        for spec in node_image_specs(self.binaries):
             archive = self.images_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name) + ".tar")
             digest = write_image_archive(spec, archive)
             self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))

@@ -15,14 +15,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.peers.build import PeerBinaries
 from tests.peers.cgroups import cgroup_path, hierarchy_of
 from tests.peers.cluster import get_pod, poll
 from tests.peers.controlplane import APIError, ControlPlane
+from tests.peers.oci import ImageSpec
 
 #: The node's images (tests.peers.node imports them into every node).
 PAUSE_IMAGE = "nodedra.test/pause:v1"
 WORKLOAD_IMAGE = "nodedra.test/workload:v1"
 WORKLOAD_CONTAINER = "workload"
+
+
+def node_image_specs(binaries: PeerBinaries) -> tuple[ImageSpec, ...]:
+    """The images every node has imported, never pulled: pause and workload (the host's real
+    node imports them at start, the VM node's image carries their archives)."""
+    return (
+        ImageSpec(PAUSE_IMAGE, binaries.pause, "pause"),
+        ImageSpec(WORKLOAD_IMAGE, binaries.workload, "workload"),
+    )
+
 
 #: Reasons a container waits for that no amount of waiting fixes.
 _HOPELESS = frozenset(

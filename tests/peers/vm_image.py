@@ -49,7 +49,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.peers.build import Log, PeerBuildError, _locked, cache_root, install_debian_packages
+from tests.peers.build import (
+    CONTAINERD_VERSIONS,
+    Log,
+    PeerBinaries,
+    PeerBuildError,
+    _locked,
+    cache_root,
+    containerd_peer,
+    ensure_binaries,
+    install_debian_packages,
+)
 from tests.peers.busybox import busybox_binary
 from tests.peers.image import (
     SUITE,
@@ -62,9 +72,11 @@ from tests.peers.image import (
     run_debootstrap,
     strip_rootfs,
 )
+from tests.peers.oci import write_image_archive
+from tests.peers.pods import PAUSE_IMAGE, node_image_specs
 
 #: Bump when the build changes in a way the recipe key does not see.
-VM_IMAGE_SCHEME = "1"
+VM_IMAGE_SCHEME = "2"
 
 #: What debootstrap adds to minbase: systemd as PID 1 (systemd-sysv), device nodes and module
 #: loading (udev, kmod), ``ip`` (iproute2), and libseccomp2, which runc (built with seccomp)
@@ -195,6 +207,68 @@ MASKED_UNITS: tuple[str, ...] = (
     "fstrim.timer",
 )
 
+#: The container runtime of the guest: the newest containerd the peers build, with its shim,
+#: ``ctr`` and runc, in ``/usr/local/bin`` (copied into the disk: from a 9p share a big Go
+#: binary takes seconds to load under TCG).
+GUEST_CONTAINERD = CONTAINERD_VERSIONS[0]
+_CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+
+#: Where the guest keeps the archives of the images its nodes use (tests.peers.pods'
+#: node_image_specs), imported into containerd when a test asks: a guest never pulls.
+GUEST_IMAGES_DIR = "/var/lib/nodedra-vm/images"
+
+#: containerd's configuration in the guest, as a production node has it: default paths,
+#: runc through systemd's cgroup driver (``SystemdCgroup``: runc asks systemd for a scope and
+#: sets cpusets as its ``AllowedCPUs``/``AllowedMemoryNodes``), CDI specs from the two
+#: standard directories, NRI on its default socket, and the pause image pinned (it is
+#: imported, never pulled).
+CONTAINERD_CONFIG = f"""\
+version = 3
+
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = 'runc'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = '{PAUSE_IMAGE}'
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = '/var/run/nri/nri.sock'
+"""
+
+#: containerd's unit, as containerd ships it; not enabled: the guest boots without it (the
+#: smoke tests' boot stays as short) and tests start it (``systemctl start containerd``).
+CONTAINERD_UNIT = """[Unit]
+Description=containerd container runtime
+After=local-fs.target
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/local/bin/containerd
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=5
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+OOMScoreAdjust=-999
+[Install]
+WantedBy=multi-user.target
+"""
+
 #: The guest's /etc files (beyond debootstrap's).
 GUEST_FILES: dict[str, str] = {
     "etc/hostname": "nodedra-vm\n",
@@ -202,6 +276,11 @@ GUEST_FILES: dict[str, str] = {
     "etc/fstab": "/dev/vda / ext4 rw,relatime 0 0\n",
     "usr/local/sbin/nodedra-agent": AGENT_SCRIPT,
     "etc/systemd/system/nodedra-agent.service": AGENT_UNIT,
+    "etc/containerd/config.toml": CONTAINERD_CONFIG,
+    "etc/systemd/system/containerd.service": CONTAINERD_UNIT,
+    # /run is a fresh tmpfs at each boot: the CDI directory of the running state is made anew.
+    "etc/tmpfiles.d/cdi.conf": "d /run/cdi 0755 root root -\n",
+    "etc/cdi/README": "CDI specs of the node (containerd's cdi_spec_dirs).\n",
 }
 
 #: The disk's size: sparse, so it takes what the tree takes; the rest is room for what later
@@ -291,9 +370,36 @@ def pick_kernel() -> str:
     return max(found, key=lambda m: int(m.group(1))).group(0)
 
 
-def recipe_key(kernel_package: str) -> str:
-    """Everything that shapes the image, hashed: the cache entry's name."""
+def guest_peers(log: Log = sys.stderr) -> PeerBinaries:
+    """The peers' binaries the guest carries (cached, or built now)."""
+    names = [containerd_peer(c, GUEST_CONTAINERD) for c in _CONTAINERD_COMMANDS]
+    return ensure_binaries(log, [*names, "runc", "pause", "workload"])
+
+
+def guest_binaries(binaries: PeerBinaries) -> dict[str, Path]:
+    """The guest's ``/usr/local/bin`` entries: name -> the peer's binary."""
+    return {
+        **{c: binaries.containerd(GUEST_CONTAINERD, c) for c in _CONTAINERD_COMMANDS},
+        "runc": binaries.runc,
+    }
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def recipe_key(kernel_package: str, binaries: PeerBinaries) -> str:
+    """Everything that shapes the image, hashed: the cache entry's name (the peers' binaries
+    and the images' contents by their content, so a rebuilt peer rebuilds the image)."""
     digest = hashlib.sha256(VM_IMAGE_SCHEME.encode())
+    carried = {
+        **{f"bin/{name}": path for name, path in guest_binaries(binaries).items()},
+        **{f"image/{spec.name}": spec.binary for spec in node_image_specs(binaries)},
+    }
     parts = (
         SUITE,
         VARIANT,
@@ -305,6 +411,7 @@ def recipe_key(kernel_package: str) -> str:
         *MASKED_UNITS,
         *(f"{path}={text}" for path, text in sorted(GUEST_FILES.items())),
         str(DISK_BYTES),
+        *(f"{name}={_file_digest(path)}" for name, path in sorted(carried.items())),
     )
     for part in parts:
         digest.update(part.encode() + b"\0")
@@ -315,7 +422,8 @@ def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
     """The VM node's image: cached, or built now (minutes) under a lock."""
     ensure_host_tools(log)
     kernel = pick_kernel()
-    entry = cache_root() / f"vm-image-{recipe_key(kernel)}"
+    binaries = guest_peers(log)
+    entry = cache_root() / f"vm-image-{recipe_key(kernel, binaries)}"
     with _locked(cache_root() / ".vm-image.lock"):
         if (entry / "image.json").is_file():
             print(f"[vm] using the cached image {entry}", file=log, flush=True)
@@ -329,7 +437,7 @@ def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
         with tempfile.TemporaryDirectory(
             prefix=f"{_BUILD_PREFIX}{os.getpid()}-", dir=cache_root()
         ) as tmp:
-            _build(Path(tmp), kernel, log)
+            _build(Path(tmp), kernel, binaries, log)
             if entry.exists():
                 shutil.rmtree(entry)
             # Complete or absent: the entry appears by one rename.
@@ -361,7 +469,7 @@ def _remove_stale_builds(log: Log) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _build(work: Path, kernel_package: str, log: Log) -> None:
+def _build(work: Path, kernel_package: str, binaries: PeerBinaries, log: Log) -> None:
     _ensure_debootstrap(log)
     transcript = work / "build.log"
     debs = work / "debs"
@@ -392,6 +500,7 @@ def _build(work: Path, kernel_package: str, log: Log) -> None:
     strip_rootfs(rootfs)
     _install_modules(kernel_tree / "lib" / "modules" / version, rootfs, transcript, log)
     _configure(rootfs)
+    _install_runtime(rootfs, binaries)
     _make_initramfs(kernel_tree / "lib" / "modules" / version, work / "initramfs.cpio", log)
     (work / "vmlinux").write_bytes(
         extract_vmlinux((kernel_tree / "boot" / f"vmlinuz-{version}").read_bytes())
@@ -466,6 +575,20 @@ def _configure(rootfs: Path) -> None:
     wants = systemd / "multi-user.target.wants"
     wants.mkdir(exist_ok=True)
     (wants / "nodedra-agent.service").symlink_to("/etc/systemd/system/nodedra-agent.service")
+
+
+def _install_runtime(rootfs: Path, binaries: PeerBinaries) -> None:
+    """containerd, its shim, ctr and runc into /usr/local/bin; the node's image archives into
+    GUEST_IMAGES_DIR."""
+    bin_dir = rootfs / "usr/local/bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, path in guest_binaries(binaries).items():
+        shutil.copyfile(path, bin_dir / name)
+        (bin_dir / name).chmod(0o755)
+    images = rootfs / GUEST_IMAGES_DIR.lstrip("/")
+    images.mkdir(parents=True)
+    for spec in node_image_specs(binaries):
+        write_image_archive(spec, images / f"{spec.path_in_image}.tar")
 
 
 def _make_initramfs(modules: Path, out: Path, log: Log) -> None:

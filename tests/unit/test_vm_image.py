@@ -5,10 +5,12 @@ from __future__ import annotations
 import lzma
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.peers import vm_image
+from tests.peers.build import PeerBinaries, containerd_peer
 from tests.peers.vm_image import VMImageError, extract_vmlinux, recipe_key
 
 
@@ -25,15 +27,54 @@ def test_a_bzimage_without_an_xz_elf_payload_is_refused() -> None:
         extract_vmlinux(b"MZ" + lzma.compress(b"not an ELF file"))
 
 
-def test_the_cache_key_changes_with_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    key = recipe_key("linux-image-6.1.0-57-amd64")
-    assert recipe_key("linux-image-6.1.0-57-amd64") == key
-    assert recipe_key("linux-image-6.1.0-58-amd64") != key
+def _peers(directory: Path) -> PeerBinaries:
+    """Stand-ins for the binaries the guest carries, each file holding its name."""
+    names = [
+        *(containerd_peer(c, vm_image.GUEST_CONTAINERD) for c in vm_image._CONTAINERD_COMMANDS),
+        "runc",
+        "pause",
+        "workload",
+    ]
+    for name in names:
+        (directory / name).write_text(name)
+    return PeerBinaries({name: directory / name for name in names})
+
+
+def test_the_cache_key_changes_with_the_recipe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    peers = _peers(tmp_path)
+    kernel = "linux-image-6.1.0-57-amd64"
+    key = recipe_key(kernel, peers)
+    assert recipe_key(kernel, peers) == key
+    assert recipe_key("linux-image-6.1.0-58-amd64", peers) != key
     monkeypatch.setattr(vm_image, "PACKAGES", (*vm_image.PACKAGES, "iptables"))
-    assert recipe_key("linux-image-6.1.0-57-amd64") != key
+    assert recipe_key(kernel, peers) != key
     monkeypatch.setattr(vm_image, "INIT_SCRIPT", vm_image.INIT_SCRIPT + "\n")
     monkeypatch.setattr(vm_image, "PACKAGES", vm_image.PACKAGES[:-1])
-    assert recipe_key("linux-image-6.1.0-57-amd64") != key
+    assert recipe_key(kernel, peers) != key
+    monkeypatch.undo()
+    assert recipe_key(kernel, peers) == key
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        "containerd-v2.4.2",
+        "containerd-shim-runc-v2-v2.4.2",
+        "ctr-v2.4.2",
+        "runc",
+        "pause",
+        "workload",
+    ],
+)
+def test_the_cache_key_follows_the_content_of_the_binaries_the_guest_carries(
+    tmp_path: Path, changed: str
+) -> None:
+    peers = _peers(tmp_path)
+    key = recipe_key("linux-image-6.1.0-57-amd64", peers)
+    (tmp_path / changed).write_text("rebuilt")
+    assert recipe_key("linux-image-6.1.0-57-amd64", peers) != key
 
 
 def test_without_qemu_and_root_the_error_says_what_to_install(
