@@ -21,7 +21,8 @@
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
 
-* `vm_node`: a Debian guest under QEMU with systemd and cgroup v2, two NUMA nodes, SMT and
+* `vm_node` (`vm_node_factory` for guests with other options, such as forwards to the
+  control plane): a Debian guest under QEMU with systemd and cgroup v2, two NUMA nodes, SMT and
   huge pages (tests.peers.vm), booted once per test module; its image is built (and cached)
   right after collection, and QEMU runs in the private network namespace.
 
@@ -179,7 +180,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     so a long first build is not charged to one test's timeout; then leave the
     machine's network for a namespace of our own (building needed the network)."""
     fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
-    needs_vm = any(_VM_FIXTURE in names for names in fixtures)
+    needs_vm = any(_VM_FIXTURE in names or _VM_FACTORY in names for names in fixtures)
     if needs_vm:
         _build_vm_image(session.config)
     if any("peer_binaries" in names for names in fixtures):
@@ -786,39 +787,56 @@ _VM_IMAGE = pytest.StashKey[VMImage]()
 _VM_IMAGE_ERROR = pytest.StashKey[str]()
 #: The fixture whose tests need the VM image (built only then).
 _VM_FIXTURE = "vm_node"
+_VM_FACTORY = "vm_node_factory"
 
 
 def _build_vm_image(config: pytest.Config) -> None:
     _build_once(config, _VM_IMAGE, _VM_IMAGE_ERROR, lambda: ensure_vm_image(sys.stderr))
 
 
-@pytest.fixture(scope="module")
-def vm_node(
+VMNodeFactory = Callable[..., contextlib.AbstractContextManager[VMNode]]
+
+
+@pytest.fixture(scope="session")
+def vm_node_factory(
     pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VMNode]:
-    """A guest booted to multi-user (tests.peers.vm) for a module's tests; killed afterwards."""
-    image = _built(
-        pytestconfig,
-        _VM_IMAGE,
-        _VM_IMAGE_ERROR,
-        _build_vm_image,
-        what="the VM node's image",
-        downloads="apt and debootstrap",
-    )
-    _enter_private_network(pytestconfig)
-    if not in_private_network():
-        pytest.fail(
-            "the VM node runs only in the test run's private network namespace: "
-            f"{pytestconfig.stash.get(_NETNS_ERROR, 'not entered')}",
-            pytrace=False,
+) -> VMNodeFactory:
+    """Boots guests (tests.peers.vm): ``with vm_node_factory(**VMNode options) as node``
+    yields one booted to multi-user and kills it afterwards."""
+
+    @contextlib.contextmanager
+    def boot(**options: Any) -> Iterator[VMNode]:
+        image = _built(
+            pytestconfig,
+            _VM_IMAGE,
+            _VM_IMAGE_ERROR,
+            _build_vm_image,
+            what="the VM node's image",
+            downloads="apt and debootstrap",
         )
-    node = VMNode(image, tmp_path_factory.mktemp("vm"))
-    try:
+        _enter_private_network(pytestconfig)
+        if not in_private_network():
+            pytest.fail(
+                "the VM node runs only in the test run's private network namespace: "
+                f"{pytestconfig.stash.get(_NETNS_ERROR, 'not entered')}",
+                pytrace=False,
+            )
+        node = VMNode(image, tmp_path_factory.mktemp("vm"), **options)
         try:
-            node.start()
-        except VMError as err:
-            pytest.fail(f"the VM node did not boot: {err}", pytrace=False)
-        print(f"[vm] guest {node.state} {node.boot_seconds:.1f}s after QEMU started")
+            try:
+                node.start()
+            except VMError as err:
+                pytest.fail(f"the VM node did not boot: {err}", pytrace=False)
+            print(f"[vm] guest {node.state} {node.boot_seconds:.1f}s after QEMU started")
+            yield node
+        finally:
+            node.stop()
+
+    return boot
+
+
+@pytest.fixture(scope="module")
+def vm_node(vm_node_factory: VMNodeFactory) -> Iterator[VMNode]:
+    """A guest booted to multi-user (tests.peers.vm) for a module's tests; killed afterwards."""
+    with vm_node_factory() as node:
         yield node
-    finally:
-        node.stop()

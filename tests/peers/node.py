@@ -81,6 +81,39 @@ takes whatever key the runtime's configuration names; this one is NRI's document
 nodedra's own DaemonSet carries it (manifests/daemonset.yaml)."""
 
 
+def kubelet_configuration(
+    *,
+    runtime_endpoint: str,
+    cgroup_driver: str,
+    tls_cert: str,
+    tls_key: str,
+    client_ca: str,
+    feature_gates: Mapping[str, bool],
+) -> dict[str, Any]:
+    """What the kubelet of every node of the tests has (this machine's real node, the VM
+    node): the runtime and cgroup driver given, no read-only port, a serving certificate of
+    the test CA, clients authenticated by that CA or the API server's webhook and authorized by
+    the webhook, no CPU manager (nodedra sets cpusets through NRI; the CPU manager would fight
+    it) and the control plane's feature gates."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "containerRuntimeEndpoint": runtime_endpoint,
+        "cgroupDriver": cgroup_driver,
+        "readOnlyPort": 0,
+        "tlsCertFile": tls_cert,
+        "tlsPrivateKeyFile": tls_key,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": client_ca},
+        },
+        "authorization": {"mode": "Webhook"},
+        "cpuManagerPolicy": "none",
+        "featureGates": dict(feature_gates),
+    }
+
+
 class NodeError(RuntimeError):
     """The node failed to start, or left something behind; the message says what."""
 
@@ -601,45 +634,39 @@ state = {v(state)}
         )
         self.port = _free_port(self.node_ip)
         self.healthz_port = _free_port("127.0.0.1")
-        config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroups.path,
-            # cgroup v1 is deprecated: since 1.35 the kubelet refuses it unless told not to.
-            "failCgroupV1": False,
-            "failSwapOn": False,
-            "address": self.node_ip,
-            "port": self.port,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": self.healthz_port,
-            "tlsCertFile": str(serving.cert),
-            "tlsPrivateKeyFile": str(serving.key),
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(self.cp.ca.pair.cert)},
-            },
-            "authorization": {"mode": "Webhook"},
-            # A test machine's disk and memory are whatever they are: never evict, never
-            # collect images (kind's node configuration does the same).
-            "evictionHard": {
-                "memory.available": "0%",
-                "nodefs.available": "0%",
-                "nodefs.inodesFree": "0%",
-                "imagefs.available": "0%",
-                "imagefs.inodesFree": "0%",
-            },
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            # nodedra sets cpusets through NRI; the CPU manager would fight it.
-            "cpuManagerPolicy": "none",
-            "podLogsDir": str(self.pod_logs_dir),
-            "seccompDefault": False,
-            "featureGates": self.feature_gates,
-        }
+        config = kubelet_configuration(
+            runtime_endpoint=f"unix://{self.containerd_socket}",
+            cgroup_driver="cgroupfs",
+            tls_cert=str(serving.cert),
+            tls_key=str(serving.key),
+            client_ca=str(self.cp.ca.pair.cert),
+            feature_gates=self.feature_gates,
+        )
+        config.update(
+            {
+                "cgroupRoot": self.cgroups.path,
+                # cgroup v1 is deprecated: since 1.35 the kubelet refuses it unless told not to.
+                "failCgroupV1": False,
+                "failSwapOn": False,
+                "address": self.node_ip,
+                "port": self.port,
+                "healthzBindAddress": "127.0.0.1",
+                "healthzPort": self.healthz_port,
+                # A test machine's disk and memory are whatever they are: never evict, never
+                # collect images (kind's node configuration does the same).
+                "evictionHard": {
+                    "memory.available": "0%",
+                    "nodefs.available": "0%",
+                    "nodefs.inodesFree": "0%",
+                    "imagefs.available": "0%",
+                    "imagefs.inodesFree": "0%",
+                },
+                "imageGCHighThresholdPercent": 100,
+                "imageGCLowThresholdPercent": 99,
+                "podLogsDir": str(self.pod_logs_dir),
+                "seccompDefault": False,
+            }
+        )
         config.update(self.kubelet_config_overrides)
         self.kubelet_config_path.write_text(json.dumps(config, indent=2))
 

@@ -8,7 +8,10 @@ the guest sees no SMT siblings), 2 MiB huge pages on both nodes, systemd as PID 
 What keeps it in its place:
 
 * QEMU runs in the test run's private network namespace (tests.peers.netns), with user
-  networking ``restrict=on`` and no forwards: whatever the guest sends reaches nothing.
+  networking ``restrict=on``: whatever the guest sends reaches nothing but the forwards a test
+  asks for (``guest_forwards``: an address of the guest's network, :data:`HOST_ALIAS`, whose
+  ports lead to ports of the namespace's loopback, such as the API server's), and the tests
+  reach only the guest ports forwarded to the namespace's 127.0.0.1 (``host_forwards``).
 * Every QEMU runs under ``timeout -s KILL`` (a TCG guest that hits an emulation failure hangs
   instead of exiting) in a process group of its own that ``stop()`` kills.
 * The disk is the cached image opened with ``-snapshot``: the guest's writes go to a
@@ -24,7 +27,9 @@ import base64
 import contextlib
 import shutil
 import socket
+import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +54,11 @@ MACHINE_ARGS: tuple[str, ...] = (
     "-numa", "node,nodeid=0,cpus=0-1,memdev=m0",
     "-numa", "node,nodeid=1,cpus=2-3,memdev=m1",
 )  # fmt: skip
+
+#: The address on the guest's network (QEMU's 10.0.2.0/24) behind which ``guest_forwards``
+#: put the namespace's loopback ports.
+HOST_ALIAS = "10.0.2.100"
+_RELAY = Path(__file__).with_name("vm_relay.py")
 
 #: Longest a guest may live: QEMU is killed then, whatever the tests are doing.
 HARD_TIMEOUT = 30 * 60
@@ -84,8 +94,21 @@ class GuestResult:
 class VMNode:
     """One guest: ``start()`` boots it to multi-user, ``run()`` runs commands, ``stop()``."""
 
-    def __init__(self, image: VMImage, workdir: Path, hard_timeout: float = HARD_TIMEOUT) -> None:
+    def __init__(
+        self,
+        image: VMImage,
+        workdir: Path,
+        hard_timeout: float = HARD_TIMEOUT,
+        guest_forwards: Mapping[int, int] | None = None,
+        host_forwards: Mapping[int, int] | None = None,
+    ) -> None:
+        """``guest_forwards``: guest port -> port on the namespace's 127.0.0.1: the guest
+        reaches it at HOST_ALIAS:<guest port>, each connection relayed by tests.peers.vm_relay
+        (and nothing else). ``host_forwards``: port on the namespace's 127.0.0.1 -> the
+        guest's port (``hostfwd``: how the tests reach the kubelet's port)."""
         self.image = image
+        self.guest_forwards = dict(guest_forwards or {})
+        self.host_forwards = dict(host_forwards or {})
         self.workdir = workdir
         self.console_path = workdir / "console.log"
         self.log_path = workdir / "qemu.log"
@@ -117,11 +140,22 @@ class VMNode:
             "-append", KERNEL_CMDLINE,
             "-drive", f"file={self.image.disk},if=virtio,format=raw,cache=unsafe",
             "-snapshot",
-            "-nic", "user,restrict=on,model=virtio-net-pci",
+            "-nic", self._nic(),
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=agent,path={self.agent_path},server=on,wait=off",
             "-device", f"virtserialport,bus=vser0.0,chardev=agent,name={AGENT_PORT}",
         ]  # fmt: skip
+
+    def _nic(self) -> str:
+        options = ["user", "restrict=on", "model=virtio-net-pci"]
+        for guest_port, host_port in sorted(self.guest_forwards.items()):
+            relay = f"{sys.executable} {_RELAY} 127.0.0.1 {host_port}"
+            if "," in relay:
+                raise VMError(f"a comma in the relay's command line breaks -nic: {relay}")
+            options.append(f"guestfwd=tcp:{HOST_ALIAS}:{guest_port}-cmd:{relay}")
+        for host_port, guest_port in sorted(self.host_forwards.items()):
+            options.append(f"hostfwd=tcp:127.0.0.1:{host_port}-:{guest_port}")
+        return ",".join(options)
 
     def start(self, boot_timeout: float = 240.0) -> None:
         """Boot the guest and wait until systemd has finished starting it (running or

@@ -72,6 +72,7 @@ from tests.peers.image import (
     run_debootstrap,
     strip_rootfs,
 )
+from tests.peers.node import CNI_CONFLIST
 from tests.peers.oci import write_image_archive
 from tests.peers.pods import PAUSE_IMAGE, node_image_specs
 
@@ -269,11 +270,44 @@ OOMScoreAdjust=-999
 WantedBy=multi-user.target
 """
 
+#: The guest's address on QEMU's user network (its default guest address), the kubelet's node
+#: IP. The interface gets it statically (systemd-networkd, started with the kubelet), with no
+#: default route: the guest reaches only the forwards QEMU offers on 10.0.2.0/24.
+GUEST_ADDRESS = "10.0.2.15"
+NETWORK_UNIT = f"""[Match]
+Type=ether
+[Network]
+Address={GUEST_ADDRESS}/24
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+"""
+
+#: Where the kubelet's configuration and credentials go (written by the tests: they hold the
+#: test control plane's CA and address).
+KUBELET_DIR = "/etc/kubernetes"
+
+#: The kubelet's unit; not enabled, as containerd's.
+KUBELET_UNIT = f"""[Unit]
+Description=kubelet
+Wants=systemd-networkd.service containerd.service
+After=systemd-networkd.service containerd.service
+[Service]
+ExecStart=/usr/local/bin/kubelet --config={KUBELET_DIR}/kubelet.json \\
+  --kubeconfig={KUBELET_DIR}/kubelet.kubeconfig --node-ip={GUEST_ADDRESS} --v=2
+Restart=always
+RestartSec=2
+[Install]
+WantedBy=multi-user.target
+"""
+
 #: The guest's /etc files (beyond debootstrap's).
 GUEST_FILES: dict[str, str] = {
     "etc/hostname": "nodedra-vm\n",
     "etc/hosts": "127.0.0.1 localhost\n127.0.1.1 nodedra-vm\n",
     "etc/fstab": "/dev/vda / ext4 rw,relatime 0 0\n",
+    # No name server: the guest never resolves a name. containerd copies the file into
+    # hostNetwork pods and fails their sandbox without it.
+    "etc/resolv.conf": "# no name server: the VM node resolves nothing\n",
     "usr/local/sbin/nodedra-agent": AGENT_SCRIPT,
     "etc/systemd/system/nodedra-agent.service": AGENT_UNIT,
     "etc/containerd/config.toml": CONTAINERD_CONFIG,
@@ -281,6 +315,9 @@ GUEST_FILES: dict[str, str] = {
     # /run is a fresh tmpfs at each boot: the CDI directory of the running state is made anew.
     "etc/tmpfiles.d/cdi.conf": "d /run/cdi 0755 root root -\n",
     "etc/cdi/README": "CDI specs of the node (containerd's cdi_spec_dirs).\n",
+    "etc/systemd/system/kubelet.service": KUBELET_UNIT,
+    "etc/systemd/network/10-nodedra.network": NETWORK_UNIT,
+    "etc/cni/net.d/10-nodedra-loopback.conflist": json.dumps(CNI_CONFLIST, indent=2) + "\n",
 }
 
 #: The disk's size: sparse, so it takes what the tree takes; the rest is room for what later
@@ -373,7 +410,7 @@ def pick_kernel() -> str:
 def guest_peers(log: Log = sys.stderr) -> PeerBinaries:
     """The peers' binaries the guest carries (cached, or built now)."""
     names = [containerd_peer(c, GUEST_CONTAINERD) for c in _CONTAINERD_COMMANDS]
-    return ensure_binaries(log, [*names, "runc", "pause", "workload"])
+    return ensure_binaries(log, [*names, "runc", "kubelet", "pause", "workload"])
 
 
 def guest_binaries(binaries: PeerBinaries) -> dict[str, Path]:
@@ -381,6 +418,7 @@ def guest_binaries(binaries: PeerBinaries) -> dict[str, Path]:
     return {
         **{c: binaries.containerd(GUEST_CONTAINERD, c) for c in _CONTAINERD_COMMANDS},
         "runc": binaries.runc,
+        "kubelet": binaries.kubelet,
     }
 
 

@@ -32,6 +32,7 @@ def _peers(directory: Path) -> PeerBinaries:
     names = [
         *(containerd_peer(c, vm_image.GUEST_CONTAINERD) for c in vm_image._CONTAINERD_COMMANDS),
         "runc",
+        "kubelet",
         "pause",
         "workload",
     ]
@@ -64,6 +65,7 @@ def test_the_cache_key_changes_with_the_recipe(
         "containerd-shim-runc-v2-v2.4.2",
         "ctr-v2.4.2",
         "runc",
+        "kubelet",
         "pause",
         "workload",
     ],
