@@ -83,7 +83,7 @@ def together(node: LocalNode, op: str, letters: str) -> dict[str, Any]:
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 60
-        while node.manager._lock._joining < len(threads):  # all of them queued for the lock
+        while node.manager._lock.requests_waiting < len(threads):  # all queued for the lock
             if time.monotonic() > deadline:
                 raise SystemExit(f"{op}: the requests never all queued for the lock")
             time.sleep(0.005)
