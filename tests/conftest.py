@@ -791,7 +791,17 @@ _VM_FACTORY = "vm_node_factory"
 
 
 def _build_vm_image(config: pytest.Config) -> None:
-    _build_once(config, _VM_IMAGE, _VM_IMAGE_ERROR, lambda: ensure_vm_image(sys.stderr))
+    """The guest's image, whose containerd has nodedra's image (built first) preloaded."""
+
+    def build() -> VMImage:
+        _build_nodedra_image(config)
+        if _IMAGE_BUILD_ERROR in config.stash:
+            raise ImageBuildError(
+                f"the VM node carries nodedra's image: {config.stash[_IMAGE_BUILD_ERROR]}"
+            )
+        return ensure_vm_image(sys.stderr, [config.stash[_IMAGE].archive])
+
+    _build_once(config, _VM_IMAGE, _VM_IMAGE_ERROR, build)
 
 
 VMNodeFactory = Callable[..., contextlib.AbstractContextManager[VMNode]]

@@ -86,6 +86,26 @@ class Helm(_Tool):
     name = "helm"
 
 
+def nodedra_pods(kubectl: Kubectl, node_name: str) -> list[dict[str, Any]]:
+    """The DaemonSet's pods on ``node_name``, oldest first."""
+    done = kubectl(
+        "-n", NAMESPACE, "get", "pods", "-l", POD_SELECTOR,
+        f"--field-selector=spec.nodeName={node_name}", "-o", "json",
+    )  # fmt: skip
+    pods: list[dict[str, Any]] = json.loads(done.stdout)["items"] if done.stdout else []
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def rollout_status(kubectl: Kubectl, timeout: float = 180.0) -> str:
+    """``kubectl rollout status`` of the DaemonSet: returns once every node runs a ready pod
+    of its current template (what an admin waits on)."""
+    done = kubectl(
+        "-n", NAMESPACE, "rollout", "status", f"daemonset/{DAEMONSET}",
+        f"--timeout={int(timeout)}s", timeout=timeout + 30,
+    )  # fmt: skip
+    return done.stdout
+
+
 class DeploymentCluster:
     """The control plane, workload controllers and one real node (see the module)."""
 
@@ -170,33 +190,10 @@ class DeploymentCluster:
 
     def nodedra_pods(self, node_name: str | None = None) -> list[dict[str, Any]]:
         """nodedra's pods on ``node_name`` (default: the real node), oldest first."""
-        done = self.kubectl(
-            "-n",
-            NAMESPACE,
-            "get",
-            "pods",
-            "-l",
-            POD_SELECTOR,
-            f"--field-selector=spec.nodeName={node_name or self.node.node_name}",
-            "-o",
-            "json",
-        )
-        pods: list[dict[str, Any]] = json.loads(done.stdout)["items"] if done.stdout else []
-        return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+        return nodedra_pods(self.kubectl, node_name or self.node.node_name)
 
     def rollout_status(self, timeout: float = 180.0) -> str:
-        """``kubectl rollout status`` of the DaemonSet: returns once every node runs a ready pod
-        of its current template (what an admin waits on)."""
-        done = self.kubectl(
-            "-n",
-            NAMESPACE,
-            "rollout",
-            "status",
-            f"daemonset/{DAEMONSET}",
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 30,
-        )
-        return done.stdout
+        return rollout_status(self.kubectl, timeout)
 
     def wait_single_ready_pod(self, timeout: float = 180.0) -> dict[str, Any]:
         """The one nodedra pod once it is the only one and Ready (after a rollout the old

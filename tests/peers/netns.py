@@ -60,7 +60,7 @@ def _threads() -> list[str]:
     return names
 
 
-def _ip(*args: str) -> None:
+def _ip(*args: str) -> str:
     ip = shutil.which("ip") or next(
         (p for p in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip") if os.access(p, os.X_OK)), None
     )
@@ -75,6 +75,7 @@ def _ip(*args: str) -> None:
             f"`ip {' '.join(args)}` failed in the private network namespace "
             f"(exit {result.returncode}): {result.stderr.strip()}"
         )
+    return result.stdout
 
 
 def enter_private_network(addresses: Sequence[str] = (NODE_ADDRESS,)) -> str:
@@ -127,3 +128,19 @@ def enter_private_network(addresses: Sequence[str] = (NODE_ADDRESS,)) -> str:
             os.close(original)
     _entered = _current()
     return _entered
+
+
+def add_loopback_address(address: str) -> None:
+    """Put ``address`` on the private namespace's ``lo`` too (idempotent): a VM node's
+    address, which QEMU forwards to the guest's kubelet so that the API server reaches it.
+    Connections to it leave from 127.0.0.1 (the local route's preferred source), not from
+    the address itself: QEMU's user network would hand the guest a connection from the
+    guest's own address, which the guest drops; from 127.0.0.1 it comes from the gateway."""
+    if _entered is None or _entered != _current():
+        raise NetworkNamespaceError("add_loopback_address: not in the private network namespace")
+    if f" {address}/32 " not in _ip("-o", "addr", "show", "dev", "lo"):
+        _ip("addr", "add", f"{address}/32", "dev", "lo")
+    _ip(
+        "route", "replace", "local", address, "dev", "lo", "table", "local",
+        "proto", "kernel", "scope", "host", "src", "127.0.0.1",
+    )  # fmt: skip

@@ -29,27 +29,49 @@ POD_SUBNET = "10.244.0.0/24"
 POD_BRIDGE = "nodedra-pods"
 
 
-def conflist() -> dict[str, Any]:
+def conflist(masquerade: bool = False) -> dict[str, Any]:
     """The node's CNI network: a bridge with host-local addresses, the bridge the pods'
     default gateway (the node's own addresses, the API server's among them, are local
-    there). No masquerading: nothing leaves the namespace."""
+    there). On this machine nothing is masqueraded: nothing leaves the namespace. A VM node
+    (tests.peers.vm_cluster) masquerades what leaves through its NIC, as real nodes do: the
+    far side of the guest's network answers only the guest's own address."""
+    bridge: dict[str, Any] = {
+        "type": "bridge",
+        "bridge": POD_BRIDGE,
+        "isGateway": True,
+        "ipMasq": masquerade,
+        "hairpinMode": True,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": POD_SUBNET}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    }
+    if masquerade:
+        bridge["ipMasqBackend"] = "nftables"
+    return {"cniVersion": "1.0.0", "name": "nodedra-pods", "plugins": [bridge]}
+
+
+def kube_proxy_config(
+    node_name: str, kubeconfig: str, healthz_address: str, metrics_address: str
+) -> dict[str, Any]:
+    """kube-proxy's configuration: nftables mode, the pods' CIDR, the kernel's conntrack
+    limits and timeouts left alone (0: they belong to the machine)."""
     return {
-        "cniVersion": "1.0.0",
-        "name": "nodedra-pods",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": POD_BRIDGE,
-                "isGateway": True,
-                "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            }
-        ],
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "nftables",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "hostnameOverride": node_name,
+        "clusterCIDR": POD_SUBNET,
+        "healthzBindAddress": healthz_address,
+        "metricsBindAddress": metrics_address,
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
     }
 
 
@@ -101,23 +123,12 @@ class KubeProxy:
             client=pair,
         )
         self.healthz_port = free_port()
-        config = {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "mode": "nftables",
-            "clientConnection": {"kubeconfig": str(kubeconfig)},
-            "hostnameOverride": self.node_name,
-            "clusterCIDR": POD_SUBNET,
-            "healthzBindAddress": f"127.0.0.1:{self.healthz_port}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
-            # 0: keep the kernel's conntrack limits and timeouts (they are the machine's).
-            "conntrack": {
-                "maxPerCore": 0,
-                "min": 0,
-                "tcpEstablishedTimeout": "0s",
-                "tcpCloseWaitTimeout": "0s",
-            },
-        }
+        config = kube_proxy_config(
+            self.node_name,
+            str(kubeconfig),
+            f"127.0.0.1:{self.healthz_port}",
+            f"127.0.0.1:{free_port()}",
+        )
         path = self.workdir / "kube-proxy-config.json"
         path.write_text(json.dumps(config, indent=2))
         return path

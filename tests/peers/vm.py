@@ -15,7 +15,10 @@ What keeps it in its place:
 * Every QEMU runs under ``timeout -s KILL`` (a TCG guest that hits an emulation failure hangs
   instead of exiting) in a process group of its own that ``stop()`` kills.
 * The disk is the cached image opened with ``-snapshot``: the guest's writes go to a
-  temporary file QEMU deletes, so guests share the image and never change it.
+  temporary file QEMU deletes, so guests share the image and never change it. A
+  ``persistent`` guest writes to a qcow2 overlay of the image in its own directory instead,
+  which outlives QEMU (the ground for a reboot: QEMU honours the guest's flushes,
+  ``cache=writeback``, so killing it loses only what the guest had not synced).
 
 Tests talk to the guest through the agent of the image (tests.peers.vm_image.AGENT_SCRIPT) on a
 virtio-serial port that QEMU connects to a Unix socket here: :meth:`VMNode.run`.
@@ -27,6 +30,7 @@ import base64
 import contextlib
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -98,17 +102,22 @@ class VMNode:
         self,
         image: VMImage,
         workdir: Path,
+        *,
         hard_timeout: float = HARD_TIMEOUT,
         guest_forwards: Mapping[int, int] | None = None,
-        host_forwards: Mapping[int, int] | None = None,
+        host_forwards: Mapping[tuple[str, int], int] | None = None,
+        persistent: bool = False,
     ) -> None:
         """``guest_forwards``: guest port -> port on the namespace's 127.0.0.1: the guest
         reaches it at HOST_ALIAS:<guest port>, each connection relayed by tests.peers.vm_relay
-        (and nothing else). ``host_forwards``: port on the namespace's 127.0.0.1 -> the
-        guest's port (``hostfwd``: how the tests reach the kubelet's port)."""
+        (and nothing else). ``host_forwards``: (address, port) of the namespace -> the guest's
+        port (``hostfwd``: how the tests and the API server reach the kubelet's port).
+        ``persistent``: the disk is an overlay of the image that outlives QEMU."""
         self.image = image
         self.guest_forwards = dict(guest_forwards or {})
         self.host_forwards = dict(host_forwards or {})
+        self.persistent = persistent
+        self.overlay = workdir / "disk.qcow2"
         self.workdir = workdir
         self.console_path = workdir / "console.log"
         self.log_path = workdir / "qemu.log"
@@ -118,6 +127,8 @@ class VMNode:
         """From QEMU's start to systemd's multi-user state, once started."""
         self.state = ""
         """``systemctl is-system-running`` after boot (running, degraded...)."""
+        self.boot_id = ""
+        """The guest kernel's boot ID (a new one at every boot)."""
         self._process: PeerProcess | None = None
         self._agent: socket.socket | None = None
         self._buffer = b""
@@ -138,13 +149,27 @@ class VMNode:
             "-kernel", str(self.image.kernel),
             "-initrd", str(self.image.initramfs),
             "-append", KERNEL_CMDLINE,
-            "-drive", f"file={self.image.disk},if=virtio,format=raw,cache=unsafe",
-            "-snapshot",
+            *self._root_disk_args(),
             "-nic", self._nic(),
             "-device", "virtio-serial-pci,id=vser0",
             "-chardev", f"socket,id=agent,path={self.agent_path},server=on,wait=off",
             "-device", f"virtserialport,bus=vser0.0,chardev=agent,name={AGENT_PORT}",
         ]  # fmt: skip
+
+    def _root_disk_args(self) -> list[str]:
+        """The root disk: a snapshot of the image, or the guest's own overlay of it."""
+        if self.persistent:
+            if not self.overlay.exists():
+                subprocess.run(
+                    ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
+                     "-b", str(self.image.disk), str(self.overlay)],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+            drive = [f"file={self.overlay},if=none,id=root,format=qcow2,cache=writeback"]
+        else:
+            drive = [f"file={self.image.disk},if=none,id=root,format=raw,cache=unsafe"]
+        snapshot = [] if self.persistent else ["-snapshot"]
+        return ["-drive", *drive, *snapshot, "-device", "virtio-blk-pci,drive=root"]
 
     def _nic(self) -> str:
         options = ["user", "restrict=on", "model=virtio-net-pci"]
@@ -153,8 +178,8 @@ class VMNode:
             if "," in relay:
                 raise VMError(f"a comma in the relay's command line breaks -nic: {relay}")
             options.append(f"guestfwd=tcp:{HOST_ALIAS}:{guest_port}-cmd:{relay}")
-        for host_port, guest_port in sorted(self.host_forwards.items()):
-            options.append(f"hostfwd=tcp:127.0.0.1:{host_port}-:{guest_port}")
+        for (address, host_port), guest_port in sorted(self.host_forwards.items()):
+            options.append(f"hostfwd=tcp:{address}:{host_port}-:{guest_port}")
         return ",".join(options)
 
     def start(self, boot_timeout: float = 240.0) -> None:
@@ -164,11 +189,13 @@ class VMNode:
             raise VMError(f"{self.agent_path} is too long for a Unix socket; use a shorter dir")
         started = time.monotonic()
         deadline = started + boot_timeout
+        self.agent_path.unlink(missing_ok=True)
         self._process = PeerProcess("qemu", self.argv(), self.log_path)
         self._agent = self._connect(deadline)
         hello = self._read_line(deadline, "the guest agent's greeting")
         if not hello.startswith(b"hello "):
             raise VMError(f"the guest agent greeted with {hello!r}, not hello")
+        self.boot_id = hello.split()[1].decode()
         wait = max(deadline - time.monotonic(), 10.0)
         result = self.run("systemctl is-system-running --wait", timeout=wait)
         self.state = result.output.strip()
@@ -231,11 +258,13 @@ class VMNode:
                 return GuestResult(command, int(fields[1]), output.decode(errors="replace"))
 
     def stop(self) -> None:
-        """Kill QEMU (the disk is a snapshot: nothing of the guest is kept)."""
+        """Kill QEMU. Without ``persistent`` the disk is a snapshot: nothing of the guest is
+        kept."""
         if self._agent is not None:
             with contextlib.suppress(OSError):
                 self._agent.close()
             self._agent = None
+        self._buffer = b""
         if self._process is not None:
             self._process.stop(grace=5)
             self._process = None

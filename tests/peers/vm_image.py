@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.peers.build import (
+    CNI_PLUGINS,
     CONTAINERD_VERSIONS,
     Log,
     PeerBinaries,
@@ -72,17 +73,25 @@ from tests.peers.image import (
     run_debootstrap,
     strip_rootfs,
 )
-from tests.peers.node import CNI_CONFLIST
 from tests.peers.oci import write_image_archive
+from tests.peers.podnet import conflist
 from tests.peers.pods import PAUSE_IMAGE, node_image_specs
 
 #: Bump when the build changes in a way the recipe key does not see.
 VM_IMAGE_SCHEME = "2"
 
 #: What debootstrap adds to minbase: systemd as PID 1 (systemd-sysv), device nodes and module
-#: loading (udev, kmod), ``ip`` (iproute2), and libseccomp2, which runc (built with seccomp)
-#: links against.
-PACKAGES: tuple[str, ...] = ("systemd-sysv", "udev", "kmod", "iproute2", "libseccomp2")
+#: loading (udev, kmod), ``ip`` (iproute2), libseccomp2, which runc (built with seccomp) links
+#: against, and ``nft`` (nftables), with which kube-proxy and the bridge plugin program the
+#: pod network's rules.
+PACKAGES: tuple[str, ...] = (
+    "systemd-sysv",
+    "udev",
+    "kmod",
+    "iproute2",
+    "libseccomp2",
+    "nftables",
+)
 
 #: The kernel flavour: the generic one (the cloud flavour has no 9p); the newest ABI of this
 #: series that apt-cache offers is taken.
@@ -214,9 +223,8 @@ MASKED_UNITS: tuple[str, ...] = (
 GUEST_CONTAINERD = CONTAINERD_VERSIONS[0]
 _CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
 
-#: Where the guest keeps the archives of the images its nodes use (tests.peers.pods'
-#: node_image_specs), imported into containerd when a test asks: a guest never pulls.
-GUEST_IMAGES_DIR = "/var/lib/nodedra-vm/images"
+#: The guest's containerd store, into which the images are imported when the image is built.
+CONTAINERD_ROOT = "/var/lib/containerd"
 
 #: containerd's configuration in the guest, as a production node has it: default paths,
 #: runc through systemd's cgroup driver (``SystemdCgroup``: runc asks systemd for a scope and
@@ -272,10 +280,12 @@ WantedBy=multi-user.target
 
 #: The guest's address on QEMU's user network (its default guest address), the kubelet's node
 #: IP. The interface gets it statically (systemd-networkd, started with the kubelet), with no
-#: default route: the guest reaches only the forwards QEMU offers on 10.0.2.0/24.
+#: default route: the guest reaches only the forwards QEMU offers on 10.0.2.0/24. The unit
+#: matches the NIC by its driver: matching every Ethernet link would make networkd take the
+#: pods' veths too, and take them off the pod network's bridge.
 GUEST_ADDRESS = "10.0.2.15"
 NETWORK_UNIT = f"""[Match]
-Type=ether
+Driver=virtio_net
 [Network]
 Address={GUEST_ADDRESS}/24
 LinkLocalAddressing=no
@@ -300,6 +310,24 @@ RestartSec=2
 WantedBy=multi-user.target
 """
 
+#: kube-proxy's unit (nftables mode); not enabled: a test writes its configuration and
+#: credentials (KUBE_PROXY_CONFIG) and starts it.
+KUBE_PROXY_CONFIG = f"{KUBELET_DIR}/kube-proxy.json"
+KUBE_PROXY_UNIT = f"""[Unit]
+Description=kube-proxy
+Wants=systemd-networkd.service
+After=systemd-networkd.service
+[Service]
+ExecStart=/usr/local/bin/kube-proxy --config={KUBE_PROXY_CONFIG} --v=2
+Restart=always
+RestartSec=2
+[Install]
+WantedBy=multi-user.target
+"""
+
+#: Where containerd looks for the CNI plugins (its default).
+CNI_BIN_DIR = "/opt/cni/bin"
+
 #: The guest's /etc files (beyond debootstrap's).
 GUEST_FILES: dict[str, str] = {
     "etc/hostname": "nodedra-vm\n",
@@ -317,7 +345,10 @@ GUEST_FILES: dict[str, str] = {
     "etc/cdi/README": "CDI specs of the node (containerd's cdi_spec_dirs).\n",
     "etc/systemd/system/kubelet.service": KUBELET_UNIT,
     "etc/systemd/network/10-nodedra.network": NETWORK_UNIT,
-    "etc/cni/net.d/10-nodedra-loopback.conflist": json.dumps(CNI_CONFLIST, indent=2) + "\n",
+    "etc/systemd/system/kube-proxy.service": KUBE_PROXY_UNIT,
+    # The pod network: a bridge, addresses from host-local, masqueraded out of the NIC.
+    "etc/cni/net.d/10-nodedra-pods.conflist": json.dumps(conflist(masquerade=True), indent=2)
+    + "\n",
 }
 
 #: The disk's size: sparse, so it takes what the tree takes; the rest is room for what later
@@ -410,15 +441,21 @@ def pick_kernel() -> str:
 def guest_peers(log: Log = sys.stderr) -> PeerBinaries:
     """The peers' binaries the guest carries (cached, or built now)."""
     names = [containerd_peer(c, GUEST_CONTAINERD) for c in _CONTAINERD_COMMANDS]
-    return ensure_binaries(log, [*names, "runc", "kubelet", "pause", "workload"])
+    node = ["runc", "kubelet", "kube-proxy", *CNI_PLUGINS, "pause", "workload"]
+    return ensure_binaries(log, [*names, *node])
 
 
 def guest_binaries(binaries: PeerBinaries) -> dict[str, Path]:
-    """The guest's ``/usr/local/bin`` entries: name -> the peer's binary."""
+    """The guest's programs: path in the guest -> the peer's binary."""
     return {
-        **{c: binaries.containerd(GUEST_CONTAINERD, c) for c in _CONTAINERD_COMMANDS},
-        "runc": binaries.runc,
-        "kubelet": binaries.kubelet,
+        **{
+            f"/usr/local/bin/{c}": binaries.containerd(GUEST_CONTAINERD, c)
+            for c in _CONTAINERD_COMMANDS
+        },
+        "/usr/local/bin/runc": binaries.runc,
+        "/usr/local/bin/kubelet": binaries.kubelet,
+        "/usr/local/bin/kube-proxy": binaries.kube_proxy,
+        **{f"{CNI_BIN_DIR}/{name}": binaries[name] for name in CNI_PLUGINS},
     }
 
 
@@ -430,13 +467,15 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def recipe_key(kernel_package: str, binaries: PeerBinaries) -> str:
-    """Everything that shapes the image, hashed: the cache entry's name (the peers' binaries
-    and the images' contents by their content, so a rebuilt peer rebuilds the image)."""
+def recipe_key(kernel_package: str, binaries: PeerBinaries, images: Sequence[Path] = ()) -> str:
+    """Everything that shapes the image, hashed: the cache entry's name (the peers' binaries,
+    the node images' programs and the preloaded archives by their content, so a rebuilt peer
+    or a new nodedra image rebuilds the image)."""
     digest = hashlib.sha256(VM_IMAGE_SCHEME.encode())
     carried = {
-        **{f"bin/{name}": path for name, path in guest_binaries(binaries).items()},
+        **{f"bin:{name}": path for name, path in guest_binaries(binaries).items()},
         **{f"image/{spec.name}": spec.binary for spec in node_image_specs(binaries)},
+        **{f"archive/{path.name}": path for path in images},
     }
     parts = (
         SUITE,
@@ -456,12 +495,13 @@ def recipe_key(kernel_package: str, binaries: PeerBinaries) -> str:
     return digest.hexdigest()[:16]
 
 
-def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
-    """The VM node's image: cached, or built now (minutes) under a lock."""
+def ensure_vm_image(log: Log = sys.stderr, images: Sequence[Path] = ()) -> VMImage:
+    """The VM node's image, with ``images`` (OCI archives, e.g. nodedra's) in its containerd
+    beside the node's own (pause, workload): cached, or built now (minutes) under a lock."""
     ensure_host_tools(log)
     kernel = pick_kernel()
     binaries = guest_peers(log)
-    entry = cache_root() / f"vm-image-{recipe_key(kernel, binaries)}"
+    entry = cache_root() / f"vm-image-{recipe_key(kernel, binaries, images)}"
     with _locked(cache_root() / ".vm-image.lock"):
         if (entry / "image.json").is_file():
             print(f"[vm] using the cached image {entry}", file=log, flush=True)
@@ -475,7 +515,7 @@ def ensure_vm_image(log: Log = sys.stderr) -> VMImage:
         with tempfile.TemporaryDirectory(
             prefix=f"{_BUILD_PREFIX}{os.getpid()}-", dir=cache_root()
         ) as tmp:
-            _build(Path(tmp), kernel, binaries, log)
+            _build(Path(tmp), kernel, binaries, images, log)
             if entry.exists():
                 shutil.rmtree(entry)
             # Complete or absent: the entry appears by one rename.
@@ -507,7 +547,9 @@ def _remove_stale_builds(log: Log) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _build(work: Path, kernel_package: str, binaries: PeerBinaries, log: Log) -> None:
+def _build(
+    work: Path, kernel_package: str, binaries: PeerBinaries, images: Sequence[Path], log: Log
+) -> None:
     _ensure_debootstrap(log)
     transcript = work / "build.log"
     debs = work / "debs"
@@ -539,6 +581,7 @@ def _build(work: Path, kernel_package: str, binaries: PeerBinaries, log: Log) ->
     _install_modules(kernel_tree / "lib" / "modules" / version, rootfs, transcript, log)
     _configure(rootfs)
     _install_runtime(rootfs, binaries)
+    _preload_images(rootfs, binaries, images, work, transcript=transcript, log=log)
     _make_initramfs(kernel_tree / "lib" / "modules" / version, work / "initramfs.cpio", log)
     (work / "vmlinux").write_bytes(
         extract_vmlinux((kernel_tree / "boot" / f"vmlinuz-{version}").read_bytes())
@@ -616,17 +659,84 @@ def _configure(rootfs: Path) -> None:
 
 
 def _install_runtime(rootfs: Path, binaries: PeerBinaries) -> None:
-    """containerd, its shim, ctr and runc into /usr/local/bin; the node's image archives into
-    GUEST_IMAGES_DIR."""
-    bin_dir = rootfs / "usr/local/bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
+    """containerd, its shim, ctr, runc, the kubelet, kube-proxy and the CNI plugins
+    (guest_binaries)."""
     for name, path in guest_binaries(binaries).items():
-        shutil.copyfile(path, bin_dir / name)
-        (bin_dir / name).chmod(0o755)
-    images = rootfs / GUEST_IMAGES_DIR.lstrip("/")
-    images.mkdir(parents=True)
+        dest = rootfs / name.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        dest.chmod(0o755)
+
+
+def _preload_images(
+    rootfs: Path,
+    binaries: PeerBinaries,
+    images: Sequence[Path],
+    work: Path,
+    *,
+    transcript: Path,
+    log: Log,
+) -> None:
+    """Import the node's images (pause, workload) and ``images`` into the guest's containerd
+    store, with the guest's containerd run here, on the tree: inside the guest, under TCG,
+    ``ctr images import`` of nodedra's 317 MB image ran for over 10 minutes (hashing and
+    unpacking in emulation), here it takes seconds. The store is containerd's own layout
+    (content, metadata, overlayfs snapshots), relative to its root, so the guest's containerd
+    finds the images unpacked, as after a pull. containerd runs without its CRI plugins, in a
+    mount namespace of its own (unpacking mounts), and is stopped before mkfs."""
+    archives = work / "archives"
+    archives.mkdir()
+    node_archives = []
     for spec in node_image_specs(binaries):
-        write_image_archive(spec, images / f"{spec.path_in_image}.tar")
+        node_archives.append(archives / f"{spec.path_in_image}.tar")
+        write_image_archive(spec, node_archives[-1])
+    state = work / "containerd-state"
+    state.mkdir()
+    socket_path = state / "containerd.sock"
+    config = work / "containerd-build.toml"
+    config.write_text(
+        f"""version = 3
+root = '{rootfs / CONTAINERD_ROOT.lstrip("/")}'
+state = '{state}'
+disabled_plugins = ['io.containerd.grpc.v1.cri', 'io.containerd.cri.v1.runtime',
+  'io.containerd.cri.v1.images', 'io.containerd.nri.v1.nri']
+[grpc]
+  address = '{socket_path}'
+"""
+    )
+    containerd = binaries.containerd(GUEST_CONTAINERD, "containerd")
+    ctr = binaries.containerd(GUEST_CONTAINERD, "ctr")
+    with open(work / "containerd.log", "wb") as out:
+        daemon = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", str(containerd), "--config",
+             str(config)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not socket_path.exists():
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise VMImageError(
+                        "containerd for the image import did not start: "
+                        + (work / "containerd.log").read_text()[-2000:]
+                    )
+                time.sleep(0.1)
+            for archive in [*node_archives, *images]:
+                _run(
+                    [str(ctr), "--address", str(socket_path), "-n", "k8s.io", "images",
+                     "import", "--snapshotter", "overlayfs", str(archive)],
+                    transcript, log, what=f"importing {archive.name} into the guest's containerd",
+                    hint="", timeout=600,
+                )  # fmt: skip
+        finally:
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(archives)
 
 
 def _make_initramfs(modules: Path, out: Path, log: Log) -> None:
@@ -677,10 +787,12 @@ def extract_vmlinux(bzimage: bytes) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    del argv
+    """``python -m tests.peers.vm_image [ARCHIVE...]``: the image, with the OCI archives given
+    preloaded (the tests preload nodedra's, tests.peers.image)."""
+    archives = [Path(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     started = time.monotonic()
     try:
-        image = ensure_vm_image()
+        image = ensure_vm_image(images=archives)
     except (VMImageError, ImageBuildError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -313,6 +313,11 @@ def test_daemonset_pod_settings() -> None:
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     assert probe["port"] in ("health", 8080)
+    # A slow start (a loaded node) is the startup probe's: liveness waits for its success.
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == probe
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert "initialDelaySeconds" not in container["livenessProbe"]
     ready = container["readinessProbe"]["httpGet"]
     assert ready["path"] == "/readyz"
     assert ready["port"] in ("metrics", 9464)

@@ -17,7 +17,7 @@ RELAY = Path(__file__).resolve().parents[1] / "peers" / "vm_relay.py"
 def _node(
     tmp_path: Path,
     guest_forwards: dict[int, int] | None = None,
-    host_forwards: dict[int, int] | None = None,
+    host_forwards: dict[tuple[str, int], int] | None = None,
 ) -> VMNode:
     image = VMImage(tmp_path, tmp_path / "k", tmp_path / "i", tmp_path / "d", "v", "p")
     return VMNode(image, tmp_path, guest_forwards=guest_forwards, host_forwards=host_forwards)
@@ -25,7 +25,8 @@ def _node(
 
 def test_the_guest_network_is_restricted_to_the_forwards_asked_for(tmp_path: Path) -> None:
     assert _node(tmp_path)._nic() == "user,restrict=on,model=virtio-net-pci"
-    nic = _node(tmp_path, guest_forwards={6443: 41000}, host_forwards={42000: 10250})._nic()
+    forwards = {("127.0.0.1", 42000): 10250, ("10.0.2.15", 10250): 10250}
+    nic = _node(tmp_path, guest_forwards={6443: 41000}, host_forwards=forwards)._nic()
     options = nic.split(",")
     assert options[:2] == ["user", "restrict=on"]
     (guestfwd,) = [o for o in options if o.startswith("guestfwd=")]
@@ -33,6 +34,7 @@ def test_the_guest_network_is_restricted_to_the_forwards_asked_for(tmp_path: Pat
         f"guestfwd=tcp:{HOST_ALIAS}:6443-cmd:{sys.executable} {RELAY} 127.0.0.1 41000"
     )
     assert "hostfwd=tcp:127.0.0.1:42000-:10250" in options
+    assert "hostfwd=tcp:10.0.2.15:10250-:10250" in options
 
 
 def test_the_relay_carries_one_connection_both_ways(tmp_path: Path) -> None:

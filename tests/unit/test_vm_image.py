@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import vm_image
-from tests.peers.build import PeerBinaries, containerd_peer
+from tests.peers.build import CNI_PLUGINS, PeerBinaries, containerd_peer
 from tests.peers.vm_image import VMImageError, extract_vmlinux, recipe_key
 
 
@@ -33,6 +33,8 @@ def _peers(directory: Path) -> PeerBinaries:
         *(containerd_peer(c, vm_image.GUEST_CONTAINERD) for c in vm_image._CONTAINERD_COMMANDS),
         "runc",
         "kubelet",
+        "kube-proxy",
+        *CNI_PLUGINS,
         "pause",
         "workload",
     ]
@@ -66,6 +68,10 @@ def test_the_cache_key_changes_with_the_recipe(
         "ctr-v2.4.2",
         "runc",
         "kubelet",
+        "kube-proxy",
+        "bridge",
+        "host-local",
+        "loopback",
         "pause",
         "workload",
     ],

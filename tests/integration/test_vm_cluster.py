@@ -1,0 +1,308 @@
+"""The VM node as a production node: cgroup v2, systemd, nodedra deployed with the manifests.
+
+One cluster for the module (tests.peers.vm_cluster): a control plane of its own on this
+machine and the guest joined to it (containerd with ``SystemdCgroup = true``, the kubelet with
+``cgroupDriver: systemd`` and ``failCgroupV1`` at its default, kube-proxy, a pod network).
+nodedra's image is in the guest's containerd (imported when the guest's image was built, as
+if pulled); then ``kubectl apply -k manifests/``, unchanged. The tests run in order, each
+going on from where the one before left the cluster. What counts is read inside the guest:
+each container's ``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
+slice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from nodedra.lib.quantity import parse_quantity
+from nodedra.topology import format_cpu_list, parse_cpu_list
+from tests.conftest import VMNodeFactory
+from tests.peers.build import PeerBinaries
+from tests.peers.cluster import resource_slices
+from tests.peers.deployment import ToolError, rollout_status
+from tests.peers.nodedra_node import MANIFESTS, ROOT, TOPOLOGY_AWARE
+from tests.peers.pods import container_id, create_pod, wait_pod_running, workload_pod
+from tests.peers.vm_cluster import KUBELET_PORT, NODE_NAME, VMCluster
+from tests.peers.vm_image import GUEST_ADDRESS
+
+pytestmark = pytest.mark.timeout(1800)
+
+TEST_NAMESPACE = "vm-tests"
+#: What the NUMA node 1 claim asks for (topology-aware: one device per NUMA node).
+CLAIM_CPU = 1
+CLAIM_MEMORY = "64Mi"
+REQUESTS = {"cpu": "100m", "memory": "32Mi"}
+LIMITS = {"cpu": "200m", "memory": "64Mi"}
+CFS_PERIOD = 100_000
+
+
+@pytest.fixture(scope="module")
+def vm_cluster(
+    vm_node_factory: VMNodeFactory,
+    node_binaries: PeerBinaries,
+    dra_gates: dict[str, bool],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[VMCluster]:
+    """The control plane and the guest joined to it, Node Ready (see the module)."""
+    started = time.monotonic()
+    with VMCluster(
+        node_binaries,
+        tmp_path_factory.mktemp("vm-cluster"),
+        dra_gates,
+        vm_node_factory,
+        repo=ROOT,
+    ) as cluster:
+        print(
+            f"[vm] cluster up {time.monotonic() - started:.1f}s (guest boot "
+            f"{cluster.vm.boot_seconds:.1f}s, containerd, kube-proxy and the kubelet to Ready "
+            f"{cluster.join_seconds:.1f}s)"
+        )
+        cluster.cp.ensure_namespace(TEST_NAMESPACE)
+        yield cluster
+
+
+# -- the guest as a node -------------------------------------------------------------------------
+
+
+def test_the_kubelet_registers_the_guest_as_a_cgroup_v2_systemd_node(
+    vm_cluster: VMCluster,
+) -> None:
+    node = vm_cluster.node()
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == GUEST_ADDRESS, addresses
+    info = node["status"]["nodeInfo"]
+    assert info["containerRuntimeVersion"].startswith("containerd://2.4.2"), info
+    assert info["kubeletVersion"].startswith("v1.37.2"), info
+    assert node["status"]["capacity"]["cpu"] == "4", node["status"]["capacity"]
+
+
+def test_the_kubelet_is_reached_only_through_the_forward(vm_cluster: VMCluster) -> None:
+    context = ssl.create_default_context(cafile=str(vm_cluster.cp.ca.pair.cert))
+    with (
+        socket.create_connection((GUEST_ADDRESS, KUBELET_PORT), timeout=60) as raw,
+        context.wrap_socket(raw, server_hostname=NODE_NAME) as tls,
+    ):
+        request = f"GET /pods HTTP/1.1\r\nHost: {NODE_NAME}\r\nConnection: close\r\n\r\n"
+        tls.sendall(request.encode())
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    # The kubelet, by its serving certificate, refusing an anonymous client.
+    assert f"CN=system:node:{NODE_NAME}" in subject, subject
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+# -- reading the guest ---------------------------------------------------------------------------
+
+
+def kubelet_weight(shares: int) -> int:
+    """cgroup v1 shares as the cgroup v2 weight the kubelet writes for a pod's slice (its
+    cgroup manager's linear map of 2..262144 onto 1..10000)."""
+    return 1 + (shares - 2) * 9999 // 262142
+
+
+def runc_weight(shares: int) -> int:
+    """The same as runc writes for a container's scope (opencontainers/cgroups: a quadratic
+    in log2 that maps 2, 1024 and 262144 to 1, 100 and 10000)."""
+    if shares <= 2:
+        return 1
+    if shares >= 262144:
+        return 10000
+    level = math.log2(shares)
+    return math.ceil(10 ** ((level * level + 125 * level) / 612 - 7 / 34))
+
+
+# -- a pod without a claim -----------------------------------------------------------------------
+
+
+def test_a_pod_runs_in_a_systemd_scope_of_kubepods_slice(vm_cluster: VMCluster) -> None:
+    started = time.monotonic()
+    create_pod(vm_cluster.cp, TEST_NAMESPACE, workload_pod("probe", node_name=NODE_NAME))
+    pod = wait_pod_running(vm_cluster.cp, TEST_NAMESPACE, "probe", timeout=300)
+    running = time.monotonic() - started
+    pid = vm_cluster.pid(pod, "workload")
+    group = vm_cluster.cgroup(pid)
+    uid = pod["metadata"]["uid"].replace("-", "_")
+    # The systemd driver's names: the pod's slice in its QoS class' slice, the container's scope.
+    assert group == (
+        "/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/"
+        f"kubepods-besteffort-pod{uid}.slice/cri-containerd-{container_id(pod)}.scope"
+    ), group
+    effective = vm_cluster.read_files(group, "cpuset.cpus.effective", "cpuset.mems.effective")
+    # No claim and no CPU manager: the shared pool is the whole machine, both NUMA nodes.
+    assert vm_cluster.allowed(pod, "workload") == ("0-3", "0-1")
+    assert effective == {"cpuset.cpus.effective": "0-3", "cpuset.mems.effective": "0-1"}
+    print(f"[vm] pod Running {running:.1f}s after it was created")
+
+
+# -- nodedra, deployed -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deployed(vm_cluster: VMCluster) -> VMCluster:
+    """`kubectl apply -k manifests/` done and the DaemonSet rolled out on the guest."""
+    started = time.monotonic()
+    vm_cluster.kubectl("apply", "-k", str(MANIFESTS))
+    try:
+        rollout_status(vm_cluster.kubectl, timeout=600)
+    except ToolError as err:
+        raise AssertionError(f"{err}\n{vm_cluster.nodedra_logs()}") from err
+    print(f"[vm] nodedra rolled out {time.monotonic() - started:.1f}s after kubectl apply")
+    return vm_cluster
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+    assert found is not None, f"no {name} in:\n{text}"
+    return float(found.group(1))
+
+
+def test_nodedra_publishes_both_numa_nodes_of_the_guest(deployed: VMCluster) -> None:
+    (pod,) = deployed.nodedra_pods()
+    assert not pod["spec"].get("hostNetwork"), "the manifests' pod is on the pod network"
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["ready"], container
+    assert container["restartCount"] == 0, container
+    slices = resource_slices(deployed.cp, NODE_NAME, TOPOLOGY_AWARE)
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    numa = {
+        name: d["attributes"]["resource.kubernetes.io/numaNode"]["int"]
+        for name, d in devices.items()
+    }
+    assert numa == {"cpudevnuma000": 0, "cpudevnuma001": 1}, devices
+    # CPU 0 is reserved (the manifests' configuration): node 0 offers one CPU, node 1 two.
+    cpus = {name: d["capacity"]["cpu"]["value"] for name, d in devices.items()}
+    assert cpus == {"cpudevnuma000": "1", "cpudevnuma001": "2"}, cpus
+    assert all(d["attributes"]["smtEnabled"]["bool"] for d in devices.values()), devices
+    metrics = deployed.metrics()
+    assert _metric(metrics, "nodedra_nri_connected") == 1
+    assert _metric(metrics, "nodedra_devices_published") == 2
+
+
+def _numa1_claim_spec() -> dict[str, Any]:
+    """One CPU and some memory of NUMA node 1 (its device, by the standard attribute)."""
+    return {
+        "devices": {
+            "requests": [
+                {
+                    "name": "cpus",
+                    "exactly": {
+                        "deviceClassName": TOPOLOGY_AWARE,
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": 'device.attributes["resource.'
+                                    'kubernetes.io"].numaNode == 1'
+                                }
+                            }
+                        ],
+                        "capacity": {"requests": {"cpu": str(CLAIM_CPU), "memory": CLAIM_MEMORY}},
+                    },
+                }
+            ]
+        }
+    }
+
+
+def _numa1_claim() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "numa1"},
+        "spec": _numa1_claim_spec(),
+    }
+
+
+def _numa1_pod() -> dict[str, Any]:
+    """The claim's container, with requests and limits, and a sidecar without either."""
+    pod = workload_pod(
+        "numa1",
+        node_selector={"kubernetes.io/hostname": NODE_NAME},
+        claims=[{"name": "cpus", "resourceClaimName": "numa1"}],
+        resources={"requests": REQUESTS, "limits": LIMITS},
+    )
+    (workload,) = pod["spec"]["containers"]
+    sidecar = {key: value for key, value in workload.items() if key != "resources"}
+    pod["spec"]["containers"].append({**sidecar, "name": "sidecar"})
+    return pod
+
+
+def test_a_claim_on_numa_node_1_runs_there_and_everything_else_keeps_off(
+    deployed: VMCluster,
+) -> None:
+    """The claim's container runs on one CPU of NUMA node 1 with memory of node 1 only; the
+    sidecar, the probe and nodedra on the rest; the kubelet's cgroup v2 files hold the
+    claim's CPU and memory (DRANodeAllocatableResources) with the container's own."""
+    cp = deployed.cp
+    cp.request(
+        "POST", f"/apis/resource.k8s.io/v1/namespaces/{TEST_NAMESPACE}/resourceclaims",
+        _numa1_claim(),
+    )  # fmt: skip
+    started = time.monotonic()
+    create_pod(cp, TEST_NAMESPACE, _numa1_pod())
+    pod = wait_pod_running(cp, TEST_NAMESPACE, "numa1", timeout=300)
+    print(f"[vm] the claim's pod Running {time.monotonic() - started:.1f}s after it was created")
+
+    cpus, mems = deployed.allowed(pod, "workload")
+    assert mems == "1", f"the claim's memory is NUMA node 1's: Mems_allowed_list {mems}"
+    claimed = parse_cpu_list(cpus)
+    assert len(claimed) == CLAIM_CPU, cpus
+    assert claimed <= {2, 3}, f"CPUs {cpus} are not NUMA node 1's"
+    shared = format_cpu_list(frozenset(range(4)) - claimed)
+    assert deployed.allowed(pod, "sidecar") == (shared, "0-1")
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", (shared, "0-1"))
+    (nodedra,) = deployed.nodedra_pods()
+    assert deployed.allowed(nodedra, "nodedra") == (shared, "0-1")
+
+    container = deployed.cgroup(deployed.pid(pod, "workload"))
+    files = (
+        "cpuset.cpus.effective", "cpuset.mems.effective", "cpu.weight", "cpu.max", "memory.max"
+    )  # fmt: skip
+    got = deployed.read_files(container, *files)
+    pod_slice = container.rsplit("/", 1)[0]
+    pod_files = deployed.read_files(pod_slice, "cpu.weight", "cpu.max", "memory.max")
+    mapped = deployed.cp.feature_gates.get("DRANodeAllocatableResources", False)
+    milli = 1000 * CLAIM_CPU if mapped else 0
+    memory = int(parse_quantity(CLAIM_MEMORY)) if mapped else 0
+    cpu_limit = (int(LIMITS["cpu"][:-1]) + milli) * CFS_PERIOD // 1000
+    # The share of CPU time (the kubelet's MilliCPUToShares) is the container's own requests
+    # for its scope, as a weight by runc's map; the pod's requests with the claim's CPU for
+    # the pod's slice (the sidecar requests none), as a weight by the kubelet's own map.
+    shares = int(REQUESTS["cpu"][:-1]) * 1024 // 1000
+    pod_shares = (int(REQUESTS["cpu"][:-1]) + milli) * 1024 // 1000
+    assert got == {
+        "cpuset.cpus.effective": cpus,
+        "cpuset.mems.effective": "1",
+        "cpu.weight": str(runc_weight(shares)),
+        "cpu.max": f"{cpu_limit} {CFS_PERIOD}",
+        "memory.max": str(int(parse_quantity(LIMITS["memory"])) + memory),
+    }, got
+    # No limit for the pod: the sidecar has none.
+    assert pod_files == {
+        "cpu.weight": str(kubelet_weight(pod_shares)),
+        "cpu.max": f"max {CFS_PERIOD}",
+        "memory.max": "max",
+    }, pod_files
+
+
+def test_deleting_the_claim_s_pod_gives_its_cpus_back(deployed: VMCluster) -> None:
+    cp = deployed.cp
+    cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/numa1")
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-3", "0-1"))
+    (nodedra,) = deployed.nodedra_pods()
+    assert deployed.allowed(nodedra, "nodedra") == ("0-3", "0-1")
+    metrics = deployed.metrics()
+    assert _metric(metrics, "nodedra_claims_held") == 0, metrics
+    assert _metric(metrics, "nodedra_cpus_allocated") == 0, metrics
