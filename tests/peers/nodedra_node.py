@@ -51,6 +51,7 @@ from tests.peers.cluster import (
 from tests.peers.controlplane import LOOPBACK, APIError, ControlPlane, free_port, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness, RegisteredPlugin
 from tests.peers.process import PeerProcess, PeerProcessError
+from tests.peers.prometheus import sample
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -485,18 +486,7 @@ class NodedraProcess:
 
     def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The value of one sample of the Prometheus text on /metrics; None if absent."""
-        wanted = ",".join(f'{k}="{v}"' for k, v in sorted((labels or {}).items()))
-        for line in self.metrics().splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            series, value = line.rsplit(" ", 1)
-            metric, _, rest = series.partition("{")
-            if metric != name:
-                continue
-            got = ",".join(sorted(p for p in rest.rstrip("}").split(",") if p))
-            if got == wanted:
-                return float(value)
-        return None
+        return sample(self.metrics(), name, labels)
 
     # -- waiting -----------------------------------------------------------------------------
 

@@ -116,6 +116,12 @@ class PeerProcess:
             self.popen.stdout.close()
         self._log.close()
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once (no chance to clean up) and reap it."""
+        if self.alive():
+            self._signal_group(signal.SIGKILL)
+            self.popen.wait()
+
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)

@@ -17,8 +17,9 @@ What keeps it in its place:
 * The disk is the cached image opened with ``-snapshot``: the guest's writes go to a
   temporary file QEMU deletes, so guests share the image and never change it. A
   ``persistent`` guest writes to a qcow2 overlay of the image in its own directory instead,
-  which outlives QEMU (the ground for a reboot: QEMU honours the guest's flushes,
-  ``cache=writeback``, so killing it loses only what the guest had not synced).
+  which outlives QEMU: :meth:`VMNode.reboot` (the guest's own ``systemctl reboot``) and
+  :meth:`VMNode.power_off` then :meth:`VMNode.start` (QEMU killed: what the guest had not
+  written to its disk is lost) boot it again on the same disk.
 
 Tests talk to the guest through the agent of the image (tests.peers.vm_image.AGENT_SCRIPT) on a
 virtio-serial port that QEMU connects to a Unix socket here: :meth:`VMNode.run`.
@@ -143,7 +144,9 @@ class VMNode:
             "timeout", "-s", "KILL", str(int(self.hard_timeout)),
             qemu, "-nodefaults", "-no-user-config", "-no-reboot",
             "-display", "none", "-monitor", "none",
-            "-serial", f"file:{self.console_path}",
+            # Appended to: a reboot's console follows the one before.
+            "-chardev", f"file,id=console,path={self.console_path},append=on",
+            "-serial", "chardev:console",
             *MACHINE_ARGS,
             "-bios", str(QBOOT),
             "-kernel", str(self.image.kernel),
@@ -234,6 +237,8 @@ class VMNode:
                 chunk = self._agent.recv(65536)
             except TimeoutError:
                 continue
+            except OSError as err:
+                raise VMError(f"the guest's agent channel broke ({what}): {err}") from err
             if not chunk:
                 raise VMError(f"the guest's agent channel closed ({what}); {self._tails()}")
             self._buffer += chunk
@@ -248,7 +253,10 @@ class VMNode:
         ident = self._next_id
         self._next_id += 1
         encoded = base64.b64encode(command.encode()).decode()
-        self._agent.sendall(f"{ident} {int(timeout)} {encoded}\n".encode())
+        try:
+            self._agent.sendall(f"{ident} {int(timeout)} {encoded}\n".encode())
+        except OSError as err:
+            raise VMError(f"`{command}` could not be sent to the guest: {err}") from err
         # The guest's own timeout ends the command; the margin is the agent's round trip.
         deadline = time.monotonic() + timeout + 30
         while True:
@@ -256,6 +264,33 @@ class VMNode:
             if len(fields) >= 2 and fields[0] == str(ident).encode():
                 output = base64.b64decode(fields[2]) if len(fields) > 2 else b""
                 return GuestResult(command, int(fields[1]), output.decode(errors="replace"))
+
+    def reboot(self, timeout: float = 300.0) -> None:
+        """Reboot the guest as an admin does: ``systemctl reboot`` stops its units, syncs and
+        resets; QEMU (``-no-reboot``) exits at the reset and is started again on the same
+        disk, with a fresh ``/run``."""
+        if not self.persistent or self._process is None:
+            raise VMError("only a running persistent guest keeps its disk across a reboot")
+        process = self._process
+        # From a timer: the shutdown stops the agent, maybe before it answers a plain
+        # `systemctl reboot`.
+        self.run("systemd-run --on-active=1 systemctl reboot").check()
+        try:
+            process.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise VMError(
+                f"the guest did not reset {timeout:.0f}s after systemctl reboot; {self._tails()}"
+            ) from None
+        self.stop()
+        self.start(timeout)
+
+    def power_off(self) -> None:
+        """Cut the guest's power: QEMU killed at once. What the guest had not yet written to
+        its disk is lost; what QEMU had written stays (the overlay is a file of this
+        machine's, which keeps running). ``start()`` boots a persistent guest again."""
+        if self._process is not None:
+            self._process.kill()
+        self.stop()
 
     def stop(self) -> None:
         """Kill QEMU. Without ``persistent`` the disk is a snapshot: nothing of the guest is

@@ -38,6 +38,7 @@ from tests.peers.netns import add_loopback_address
 from tests.peers.node import NOT_READY_TAINT, kubelet_configuration
 from tests.peers.podnet import kube_proxy_config
 from tests.peers.pods import container_id
+from tests.peers.prometheus import sample
 from tests.peers.vm import HOST_ALIAS, VMError, VMNode
 from tests.peers.vm_image import GUEST_ADDRESS, KUBE_PROXY_CONFIG, KUBELET_DIR
 
@@ -249,6 +250,28 @@ class VMCluster:
 
         poll(check, 120, lambda: f"{namespace}/{name}/{container} on {want}, is on {seen}", 1.0)
 
+    def wait_running_anew(
+        self, namespace: str, name: str, container: str, old_id: str, timeout: float = 600
+    ) -> dict[str, Any]:
+        """The pod once ``container`` runs, ready, in another container than ``old_id`` (a
+        restarted one: after a reboot the API server still shows the old one for a while)."""
+        pod: dict[str, Any] = {}
+
+        def anew() -> dict[str, Any] | None:
+            nonlocal pod
+            pod = get_pod(self.cp, namespace, name)
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            for status in statuses:
+                if status["name"] != container or not status.get("ready"):
+                    continue
+                if status.get("containerID", "").rsplit("/", 1)[-1] not in ("", old_id):
+                    return pod
+            return None
+
+        what = f"{namespace}/{name}/{container} running anew (not {old_id})"
+        poll(anew, timeout, lambda: f"{what}: {pod.get('status')}", 2.0)
+        return pod
+
     # -- nodedra --------------------------------------------------------------------------------
 
     def nodedra_pods(self) -> list[dict[str, Any]]:
@@ -263,15 +286,30 @@ class VMCluster:
             logs.append(f"nodedra pod {name} {pod.get('status')}:\n{done.stdout or done.stderr}")
         return "\n".join(logs) + f"\nkubelet:\n{self.journal('kubelet', lines)}"
 
-    def metrics(self) -> str:
-        """nodedra's /metrics, read inside its pod (the pod network is the guest's own)."""
+    def nodedra_get(self, path: str) -> tuple[int, str]:
+        """(status, body) of nodedra's metrics port at ``path``, asked inside its pod (the
+        pod network is the guest's own)."""
         (pod,) = self.nodedra_pods()
-        script = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9464/metrics').read().decode())"
+        script = (
+            "import urllib.request as u, urllib.error as e\n"
+            "try: a = u.urlopen('http://127.0.0.1:9464" + path + "')\n"
+            "except e.HTTPError as err: a = err\n"
+            "print(a.status); print(a.read().decode())"
+        )
         done = self.kubectl(
             "-n", NAMESPACE, "exec", pod["metadata"]["name"], "--", "python3", "-c", script,
             timeout=120,
         )  # fmt: skip
-        return done.stdout
+        status, _, body = done.stdout.partition("\n")
+        return int(status), body
+
+    def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
+        """One sample of nodedra's /metrics."""
+        status, text = self.nodedra_get("/metrics")
+        value = sample(text, name, labels)
+        if status != 200 or value is None:
+            raise AssertionError(f"no {name} on nodedra's /metrics ({status}):\n{text}")
+        return value
 
     def wait_nodedra_ready(self, restarts: int | None = None, timeout: float = 600) -> None:
         """One nodedra pod, Ready (registered, slices published, NRI connected), its container

@@ -76,6 +76,7 @@ from tests.peers.image import (
 from tests.peers.oci import write_image_archive
 from tests.peers.podnet import conflist
 from tests.peers.pods import PAUSE_IMAGE, node_image_specs
+from tests.peers.process import PeerProcess, PeerProcessError
 
 #: Bump when the build changes in a way the recipe key does not see.
 VM_IMAGE_SCHEME = "2"
@@ -706,35 +707,26 @@ disabled_plugins = ['io.containerd.grpc.v1.cri', 'io.containerd.cri.v1.runtime',
     )
     containerd = binaries.containerd(GUEST_CONTAINERD, "containerd")
     ctr = binaries.containerd(GUEST_CONTAINERD, "ctr")
-    with open(work / "containerd.log", "wb") as out:
-        daemon = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", str(containerd), "--config",
-             str(config)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+    daemon = PeerProcess(
+        "containerd (the image import)",
+        ["unshare", "--mount", "--propagation", "private", str(containerd), "--config",
+         str(config)],
+        work / "containerd.log",
+    )  # fmt: skip
+    try:
         try:
-            deadline = time.monotonic() + 60
-            while not socket_path.exists():
-                if daemon.poll() is not None or time.monotonic() > deadline:
-                    raise VMImageError(
-                        "containerd for the image import did not start: "
-                        + (work / "containerd.log").read_text()[-2000:]
-                    )
-                time.sleep(0.1)
-            for archive in [*node_archives, *images]:
-                _run(
-                    [str(ctr), "--address", str(socket_path), "-n", "k8s.io", "images",
-                     "import", "--snapshotter", "overlayfs", str(archive)],
-                    transcript, log, what=f"importing {archive.name} into the guest's containerd",
-                    hint="", timeout=600,
-                )  # fmt: skip
-        finally:
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+            daemon.wait_until(socket_path.exists, 60, "its socket appeared")
+        except PeerProcessError as err:
+            raise VMImageError(f"containerd for the image import did not start: {err}") from err
+        for archive in [*node_archives, *images]:
+            _run(
+                [str(ctr), "--address", str(socket_path), "-n", "k8s.io", "images",
+                 "import", "--snapshotter", "overlayfs", str(archive)],
+                transcript, log, what=f"importing {archive.name} into the guest's containerd",
+                hint="", timeout=600,
+            )  # fmt: skip
+    finally:
+        daemon.stop(grace=30)
     shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(archives)
 

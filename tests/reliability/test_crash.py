@@ -325,3 +325,23 @@ def test_crash_in_a_batch_of_requests(
     assert set(with_all["claims"]) == uids
     for uid in started["claims"]:
         assert with_all["claims"][uid] == started["claims"][uid], "the retry allocated anew"
+
+
+def test_a_crash_point_ends_nodedra_as_the_first_process_of_its_pid_namespace() -> None:
+    """In its container nodedra is PID 1, whose own SIGKILL the kernel ignores: the crash
+    point must end it all the same, at once (no code after the point runs)."""
+    point = faults.PREPARE_CHECKPOINT.renamed
+    script = (
+        "import os; from nodedra.lib import faults; print(os.getpid(), flush=True); "
+        f"faults.crash_point({point!r}); print('survived', flush=True)"
+    )
+    run = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", script],
+        env={**os.environ, faults.CRASH_AT: point},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.stdout == "1\n", (run.stdout, run.stderr)
+    assert run.returncode == 128 + signal.SIGKILL, (run.returncode, run.stderr)

@@ -1,23 +1,16 @@
-"""The VM node as a production node: cgroup v2, systemd, nodedra deployed with the manifests.
+"""The guest as a node, and nodedra deployed on it pinning a claim to NUMA node 1.
 
-One cluster for the module (tests.peers.vm_cluster): a control plane of its own on this
-machine and the guest joined to it (containerd with ``SystemdCgroup = true``, the kubelet with
-``cgroupDriver: systemd`` and ``failCgroupV1`` at its default, kube-proxy, a pod network).
-nodedra's image is in the guest's containerd (imported when the guest's image was built, as
-if pulled); then ``kubectl apply -k manifests/``, unchanged. The tests run in order, each
-going on from where the one before left the cluster. What counts is read inside the guest:
-each container's ``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
-slice.
+The cluster is the package's (see it); nodedra's image is in the guest's containerd
+(imported when the guest's image was built, as if pulled), deployed with
+``kubectl apply -k manifests/``, unchanged.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import socket
 import ssl
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,49 +18,25 @@ from cryptography import x509
 
 from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import format_cpu_list, parse_cpu_list
-from tests.conftest import VMNodeFactory
-from tests.peers.build import PeerBinaries
+from tests.integration.vm_cluster import (
+    CLAIM_CPU,
+    CLAIM_MEMORY,
+    CLAIMS,
+    TEST_NAMESPACE,
+    claim_pod,
+    numa1_claim,
+)
 from tests.peers.cluster import resource_slices
-from tests.peers.deployment import ToolError, rollout_status
-from tests.peers.nodedra_node import MANIFESTS, ROOT, TOPOLOGY_AWARE
+from tests.peers.nodedra_node import TOPOLOGY_AWARE
 from tests.peers.pods import container_id, create_pod, wait_pod_running, workload_pod
 from tests.peers.vm_cluster import KUBELET_PORT, NODE_NAME, VMCluster
 from tests.peers.vm_image import GUEST_ADDRESS
 
 pytestmark = pytest.mark.timeout(1800)
 
-TEST_NAMESPACE = "vm-tests"
-#: What the NUMA node 1 claim asks for (topology-aware: one device per NUMA node).
-CLAIM_CPU = 1
-CLAIM_MEMORY = "64Mi"
 REQUESTS = {"cpu": "100m", "memory": "32Mi"}
 LIMITS = {"cpu": "200m", "memory": "64Mi"}
 CFS_PERIOD = 100_000
-
-
-@pytest.fixture(scope="module")
-def vm_cluster(
-    vm_node_factory: VMNodeFactory,
-    node_binaries: PeerBinaries,
-    dra_gates: dict[str, bool],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[VMCluster]:
-    """The control plane and the guest joined to it, Node Ready (see the module)."""
-    started = time.monotonic()
-    with VMCluster(
-        node_binaries,
-        tmp_path_factory.mktemp("vm-cluster"),
-        dra_gates,
-        vm_node_factory,
-        repo=ROOT,
-    ) as cluster:
-        print(
-            f"[vm] cluster up {time.monotonic() - started:.1f}s (guest boot "
-            f"{cluster.vm.boot_seconds:.1f}s, containerd, kube-proxy and the kubelet to Ready "
-            f"{cluster.join_seconds:.1f}s)"
-        )
-        cluster.cp.ensure_namespace(TEST_NAMESPACE)
-        yield cluster
 
 
 # -- the guest as a node -------------------------------------------------------------------------
@@ -85,7 +54,9 @@ def test_the_kubelet_registers_the_guest_as_a_cgroup_v2_systemd_node(
     assert node["status"]["capacity"]["cpu"] == "4", node["status"]["capacity"]
 
 
-def test_the_kubelet_is_reached_only_through_the_forward(vm_cluster: VMCluster) -> None:
+def test_the_kubelet_answers_at_the_forward_with_its_serving_certificate(
+    vm_cluster: VMCluster,
+) -> None:
     context = ssl.create_default_context(cafile=str(vm_cluster.cp.ca.pair.cert))
     with (
         socket.create_connection((GUEST_ADDRESS, KUBELET_PORT), timeout=60) as raw,
@@ -150,25 +121,6 @@ def test_a_pod_runs_in_a_systemd_scope_of_kubepods_slice(vm_cluster: VMCluster) 
 # -- nodedra, deployed -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def deployed(vm_cluster: VMCluster) -> VMCluster:
-    """`kubectl apply -k manifests/` done and the DaemonSet rolled out on the guest."""
-    started = time.monotonic()
-    vm_cluster.kubectl("apply", "-k", str(MANIFESTS))
-    try:
-        rollout_status(vm_cluster.kubectl, timeout=600)
-    except ToolError as err:
-        raise AssertionError(f"{err}\n{vm_cluster.nodedra_logs()}") from err
-    print(f"[vm] nodedra rolled out {time.monotonic() - started:.1f}s after kubectl apply")
-    return vm_cluster
-
-
-def _metric(text: str, name: str) -> float:
-    found = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
-    assert found is not None, f"no {name} in:\n{text}"
-    return float(found.group(1))
-
-
 def test_nodedra_publishes_both_numa_nodes_of_the_guest(deployed: VMCluster) -> None:
     (pod,) = deployed.nodedra_pods()
     assert not pod["spec"].get("hostNetwork"), "the manifests' pod is on the pod network"
@@ -186,53 +138,13 @@ def test_nodedra_publishes_both_numa_nodes_of_the_guest(deployed: VMCluster) -> 
     cpus = {name: d["capacity"]["cpu"]["value"] for name, d in devices.items()}
     assert cpus == {"cpudevnuma000": "1", "cpudevnuma001": "2"}, cpus
     assert all(d["attributes"]["smtEnabled"]["bool"] for d in devices.values()), devices
-    metrics = deployed.metrics()
-    assert _metric(metrics, "nodedra_nri_connected") == 1
-    assert _metric(metrics, "nodedra_devices_published") == 2
-
-
-def _numa1_claim_spec() -> dict[str, Any]:
-    """One CPU and some memory of NUMA node 1 (its device, by the standard attribute)."""
-    return {
-        "devices": {
-            "requests": [
-                {
-                    "name": "cpus",
-                    "exactly": {
-                        "deviceClassName": TOPOLOGY_AWARE,
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": 'device.attributes["resource.'
-                                    'kubernetes.io"].numaNode == 1'
-                                }
-                            }
-                        ],
-                        "capacity": {"requests": {"cpu": str(CLAIM_CPU), "memory": CLAIM_MEMORY}},
-                    },
-                }
-            ]
-        }
-    }
-
-
-def _numa1_claim() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "numa1"},
-        "spec": _numa1_claim_spec(),
-    }
+    assert deployed.metric("nodedra_nri_connected") == 1
+    assert deployed.metric("nodedra_devices_published") == 2
 
 
 def _numa1_pod() -> dict[str, Any]:
     """The claim's container, with requests and limits, and a sidecar without either."""
-    pod = workload_pod(
-        "numa1",
-        node_selector={"kubernetes.io/hostname": NODE_NAME},
-        claims=[{"name": "cpus", "resourceClaimName": "numa1"}],
-        resources={"requests": REQUESTS, "limits": LIMITS},
-    )
+    pod = claim_pod("numa1", "numa1", resources={"requests": REQUESTS, "limits": LIMITS})
     (workload,) = pod["spec"]["containers"]
     sidecar = {key: value for key, value in workload.items() if key != "resources"}
     pod["spec"]["containers"].append({**sidecar, "name": "sidecar"})
@@ -246,10 +158,7 @@ def test_a_claim_on_numa_node_1_runs_there_and_everything_else_keeps_off(
     sidecar, the probe and nodedra on the rest; the kubelet's cgroup v2 files hold the
     claim's CPU and memory (DRANodeAllocatableResources) with the container's own."""
     cp = deployed.cp
-    cp.request(
-        "POST", f"/apis/resource.k8s.io/v1/namespaces/{TEST_NAMESPACE}/resourceclaims",
-        _numa1_claim(),
-    )  # fmt: skip
+    cp.request("POST", CLAIMS, numa1_claim("numa1"))
     started = time.monotonic()
     create_pod(cp, TEST_NAMESPACE, _numa1_pod())
     pod = wait_pod_running(cp, TEST_NAMESPACE, "numa1", timeout=300)
@@ -303,6 +212,8 @@ def test_deleting_the_claim_s_pod_gives_its_cpus_back(deployed: VMCluster) -> No
     deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-3", "0-1"))
     (nodedra,) = deployed.nodedra_pods()
     assert deployed.allowed(nodedra, "nodedra") == ("0-3", "0-1")
-    metrics = deployed.metrics()
-    assert _metric(metrics, "nodedra_claims_held") == 0, metrics
-    assert _metric(metrics, "nodedra_cpus_allocated") == 0, metrics
+    assert deployed.metric("nodedra_claims_held") == 0
+    for numa_node in ("0", "1"):
+        assert deployed.metric("nodedra_cpus_allocated", {"numa_node": numa_node}) == 0
+    # Deallocated, the claim's CPU is free for the restarts' claims (test_restarts).
+    cp.request("DELETE", f"{CLAIMS}/numa1")
