@@ -112,9 +112,8 @@ def test_after_a_reboot_every_pod_runs_again_on_its_claim(
     deployed: VMCluster, keeper: Placement
 ) -> None:
     """``systemctl reboot``: the disk kept, /run fresh. The kubelet prepares the keeper's
-    claim again (its own checkpoint says the claim was prepared, and it asks anyway once
-    it runs again); nodedra, holding it in its checkpoint, gives the same CPU and writes the
-    CDI spec the reboot took."""
+    claim again (its checkpoint keeps the claim, not that it was prepared); nodedra, holding
+    it in its checkpoint, gives the same CPU and writes the CDI spec the reboot took."""
     vm = deployed.vm
     claim = deployed.cp.request("GET", f"{CLAIMS}/keeper")
     spec = f"/var/run/cdi/*{claim['metadata']['uid']}.yaml"
