@@ -128,7 +128,18 @@ def _control_plane_peers(version: str) -> list[str]:
         if v != version
         for name in KUBERNETES_PEERS
     }
-    return [n for n in peer_names() if n not in NODE_PEERS and n not in other_releases]
+    kubelets = {kubernetes_peer("kubelet", v) for v in KUBERNETES_VERSIONS}
+    return [
+        n
+        for n in peer_names()
+        if n not in NODE_PEERS and n not in other_releases and n not in kubelets
+    ]
+
+
+def _node_peers(version: str) -> dict[str, str]:
+    """A real node's peers at ``version``: the name each has on the node -> its peer name
+    (the kubelet of that release; everything else as the newest release's node has it)."""
+    return {n: kubernetes_peer(n, version) if n == "kubelet" else n for n in NODE_PEERS}
 
 
 def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
@@ -141,7 +152,11 @@ def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
         return
     wanted = [
         (_BINARIES, _BUILD_ERROR, _control_plane_peers(version)),
-        *([(_NODE_BINARIES, _NODE_BUILD_ERROR, list(NODE_PEERS))] if node else []),
+        *(
+            [(_NODE_BINARIES, _NODE_BUILD_ERROR, list(_node_peers(version).values()))]
+            if node
+            else []
+        ),
     ]
     with _terminal(config):
         print(file=sys.stderr)
@@ -226,7 +241,8 @@ def node_binaries(pytestconfig: pytest.Config, peer_binaries: PeerBinaries) -> P
             pytrace=False,
         )
     node = pytestconfig.stash[_NODE_BINARIES]
-    return PeerBinaries({**peer_binaries.paths, **{n: node[n] for n in NODE_PEERS}})
+    peers = _node_peers(chosen_version())
+    return PeerBinaries({**peer_binaries.paths, **{n: node[p] for n, p in peers.items()}})
 
 
 _BUSYBOX_ERROR = pytest.StashKey[str]()

@@ -40,6 +40,7 @@ from tests.peers.nodedra_node import (
 from tests.peers.profile import ClusterProfile
 
 FIELD = "nodeAllocatableResources"
+FIELD_1_36 = "nodeAllocatableResourceMappings"
 GATE = "DRANodeAllocatableResources"
 NODE_CPUS = int(NODE_CAPACITY["cpu"])
 NODE_MEMORY = parse_quantity(NODE_CAPACITY["memory"])
@@ -121,10 +122,16 @@ def wait_unschedulable(cp: ControlPlane, namespace: str, name: str) -> str:
 
 
 def accounted(pod: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
-    """What the scheduler wrote into the pod's status: claim -> resource -> amount."""
+    """What the scheduler wrote into the pod's status: claim -> resource -> amount (a list
+    ``mapping`` of names and quantities from 1.37, a map ``resources`` in 1.36)."""
     return {
         status["resourceClaimName"]: {
-            m["name"]: parse_quantity(m["quantity"]) for m in status.get("mapping") or []
+            name: parse_quantity(quantity)
+            for name, quantity in (
+                status["resources"].items()
+                if "resources" in status
+                else ((m["name"], m["quantity"]) for m in status.get("mapping") or [])
+            )
         }
         for status in pod["status"].get("nodeAllocatableResourceClaimStatuses") or []
     }
@@ -145,7 +152,7 @@ def assert_promised_twice(
 ) -> None:
     """Without mappings: no device maps anything, the scheduler accounts nothing for a
     claim, and a pod may request every CPU of the node beside it."""
-    assert not any(FIELD in d for d in published_devices(cp, node, driver))
+    assert not any(FIELD in d or FIELD_1_36 in d for d in published_devices(cp, node, driver))
     create_claim_pod(cp, namespace, node, "claimer", driver, **claim)
     claimer = wait_pod_scheduled(cp, namespace, "claimer")
     assert claim_name(claimer)
@@ -185,7 +192,8 @@ def test_claimed_cpus_and_memory_leave_the_rest_to_ordinary_pods(
         assert_promised_twice(cp, namespace, node, TOPOLOGY_AWARE, capacity={"cpu": "3"})
         return
     devices = published_devices(cp, node, TOPOLOGY_AWARE)
-    assert all(set(d[FIELD]) == {"cpu", "memory"} for d in devices), devices
+    field = cluster_profile.node_allocatable_field
+    assert all(set(d[field]) == {"cpu", "memory"} for d in devices), devices
 
     create_claim_pod(
         cp, namespace, node, "claimer", TOPOLOGY_AWARE, capacity={"cpu": "3", "memory": "4Gi"}
@@ -283,5 +291,8 @@ def test_a_claim_with_mapped_devices_is_not_shared_by_two_pods(
         assert wait_pod_scheduled(cp, namespace, "second")["spec"]["nodeName"] == node
         return
     message = wait_unschedulable(cp, namespace, "second")
-    assert "node allocatable resource claim shared has a mapped device" in message
-    assert "cannot be shared across pods" in message
+    assert "node allocatable resource claim shared" in message
+    if cluster_profile.minor > 36:
+        assert "has a mapped device and cannot be shared across pods" in message
+    else:
+        assert "is already used by another pod" in message

@@ -4,6 +4,8 @@ claims through it. The resource manager and both policies are the real ones."""
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,13 +30,14 @@ from tests.peers.cluster import (
     get_claim,
     pod_claim_name,
     pod_on,
+    poll,
     resource_slices,
     wait_for_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import APIError, ControlPlane
+from tests.peers.controlplane import APIError, ControlPlane, feature_gates_flag
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.profile import ClusterProfile
+from tests.peers.profile import ClusterProfile, settable_gates
 from tests.unit.dra.fakes import FakeOwner, FakePolicy, devices
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -136,6 +139,51 @@ def test_registers_with_v1_and_again_after_a_restart(
     assert again.chosen_service == "v1.DRAPlugin"
 
 
+HEALTH_OBSERVED = 12.0
+"""Seconds a kubelet is watched for a health stream it would ask again: over twice the
+5 s after which its releases up to 1.36 retry a failed one."""
+
+
+def test_a_kubelet_asking_for_device_health_waits_and_asks_nothing_more(
+    control_plane: ControlPlane,
+    ready_node: str,
+    *,
+    kubelet_factory: KubeletFactory,
+    nodedra: NodedraFactory,
+    peer_binaries: PeerBinaries,
+    cluster_profile: ClusterProfile,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ResourceHealthStatus on, kubelets up to 1.36 open a health stream to every
+    driver; refused, they log an error and ask again every 5 s. nodedra's stream stays
+    open and says nothing: one stream, no error. 1.37 asks only a driver that advertises
+    the service, and nodedra does not."""
+    gates = dict(control_plane.feature_gates)
+    if "ResourceHealthStatus" in settable_gates(peer_binaries.kube_apiserver):
+        gates["ResourceHealthStatus"] = True
+    caplog.set_level(logging.INFO, logger="nodedra.dra.service")
+    kubelet = kubelet_factory(ready_node, feature_gates=feature_gates_flag(gates))
+    kubelet.wait_slice_wipe("")
+    nodedra(kubelet)
+    asks = cluster_profile.minor < 37
+
+    def log() -> str:
+        return kubelet.log_path.read_text(errors="replace")
+
+    if asks:
+        poll(
+            lambda: "Successfully started WatchResources" in log() or None,
+            30,
+            lambda: f"the kubelet opening a health stream; its log: {kubelet.log_tail()}",
+        )
+    time.sleep(HEALTH_OBSERVED)  # the time in which a refused stream is asked again
+    seen = log()
+    assert seen.count("Attempting to start WatchResources") == int(asks), kubelet.log_tail()
+    assert "Error receiving from WatchResources" not in seen
+    opened = [r for r in caplog.records if "opened a device health stream" in r.getMessage()]
+    assert len(opened) == int(asks)
+
+
 # --- ResourceSlices -------------------------------------------------------------------
 
 
@@ -156,7 +204,7 @@ def test_policy_devices_pass_real_validation_unchanged(
     stored = wait_for_slices(control_plane, ready_node, node.driver, len(expected))
     assert stored == expected, "the API server kept every field as nodedra wrote it"
     mapped = cluster_profile.on("DRANodeAllocatableResources")
-    assert all(("nodeAllocatableResources" in d) is mapped for d in stored)
+    assert all((cluster_profile.node_allocatable_field in d) is mapped for d in stored)
 
 
 def plain_plugin(api: ApiClient, node: str, workdir: Path, driver: str) -> Plugin:
@@ -224,10 +272,10 @@ def test_slices_split_at_the_real_limits(
         api.create_slice(oversized, dry_run=True)
     assert refused.value.status == 422
     oversized["spec"]["devices"] = tainted[:65]
-    if cluster_profile.minor > 34:
+    if cluster_profile.minor > 34 and cluster_profile.on("DRADeviceTaints"):
         with pytest.raises(KubeAPIError):
             api.create_slice(oversized, dry_run=True)
-    else:  # 1.34 has one limit, whatever the devices have; 64 is within it
+    else:  # 1.34 has one limit, whatever the devices have; so has a server without taints
         api.create_slice(oversized, dry_run=True)
 
 
@@ -269,11 +317,12 @@ def test_list_attributes_probe_on_a_real_server(
 def test_node_allocatable_mappings_reach_a_real_server(
     control_plane: ControlPlane, cluster_profile: ClusterProfile, ready_node: str, publisher: Plugin
 ) -> None:
-    """With DRANodeAllocatableResources the probe says so and the field is stored; without,
-    the devices are published without it."""
+    """With DRANodeAllocatableResources the probe says so and the field is stored, as the
+    release spells it; without, the devices are published without it."""
     driver = publisher.driver_name
     mapping = {"cpu": {"mapping": {"deviceMultiplier": "1"}}}
-    publisher.publish([{**d, "nodeAllocatableResources": mapping} for d in devices(2)])
+    mapped = [{**d, "nodeAllocatableResources": mapping} for d in devices(2)]
+    publisher.publish(mapped)
     publisher.start()
     assert publisher.wait_published(30) is not None
     on = cluster_profile.on("DRANodeAllocatableResources")
@@ -281,7 +330,8 @@ def test_node_allocatable_mappings_reach_a_real_server(
     stored = [
         d for s in resource_slices(control_plane, ready_node, driver) for d in s["spec"]["devices"]
     ]
-    assert [d.get("nodeAllocatableResources") for d in stored] == [mapping if on else None] * 2
+    assert stored == cluster_profile.as_published(mapped)
+    assert all((cluster_profile.node_allocatable_field in d) is on for d in stored)
 
 
 @pytest.fixture(scope="module")
@@ -310,11 +360,13 @@ def gate_off(
 
 @pytest.mark.parametrize("why", ["api-server-gate-off", "kubelet-without-it"])
 def test_devices_are_published_without_mappings_the_server_would_not_keep(
-    request: pytest.FixtureRequest, why: str, peer_workdir: Path
+    request: pytest.FixtureRequest, why: str, peer_workdir: Path, cluster_profile: ClusterProfile
 ) -> None:
     """An API server with the gate off drops the field; one with it on refuses it for a node
     whose kubelet does not declare the feature. Either way the policy's devices are published
-    without it, stored as published, and not rewritten pass after pass."""
+    without it, stored as published, and not rewritten pass after pass. (1.36 takes its
+    spelling whatever the node declares: its kubelet does not apply the mappings, only the
+    scheduler counts them; there the devices are published with them.)"""
     node = f"no-mappings-{uuid.uuid4().hex[:8]}"
     if why == "api-server-gate-off":
         cp: ControlPlane = request.getfixturevalue("gate_off")
@@ -346,8 +398,15 @@ def test_devices_are_published_without_mappings_the_server_would_not_keep(
     assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in stored} == versions
     devices_stored = [d for s in stored for d in s["spec"]["devices"]]
     assert [d["name"] for d in devices_stored] == [d["name"] for d in wanted]
+    field = cluster_profile.node_allocatable_field
+    kept = (
+        why == "kubelet-without-it"
+        and field != "nodeAllocatableResources"
+        and cluster_profile.on("DRANodeAllocatableResources")
+    )
     assert not any("nodeAllocatableResources" in d for d in devices_stored)
-    assert plugin.feature_gates()["DRANodeAllocatableResources"] is False
+    assert all((field in d) is kept for d in devices_stored)
+    assert plugin.feature_gates()["DRANodeAllocatableResources"] is kept
 
 
 def test_claim_get_errors_are_the_servers(admin_api: ApiClient) -> None:

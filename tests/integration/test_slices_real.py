@@ -646,7 +646,7 @@ def test_every_machine_s_devices_pass_real_validation(
         config["reservedCPUs"] = format_cpu_list(cpus[:-1])
         if policy == "topology-aware":
             config["options"] = {"reservedMemory": "1Ei"}
-    devices = make_policy(topology, parse_config(config)).devices()
+    devices = cluster_profile.spelled(make_policy(topology, parse_config(config)).devices())
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -661,6 +661,7 @@ def test_every_machine_s_devices_pass_real_validation(
     stored = api.create_slice(body, dry_run=True)  # raises if the server refuses any
     assert [d["name"] for d in stored["spec"]["devices"]] == [d["name"] for d in devices]
     # Each device maps node resources; a server without the gate drops the mappings.
-    mappings = [d["nodeAllocatableResources"] for d in devices]
+    field = cluster_profile.node_allocatable_field
+    mappings = [d[field] for d in devices]
     kept = mappings if cluster_profile.on("DRANodeAllocatableResources") else [None] * len(devices)
-    assert [d.get("nodeAllocatableResources") for d in stored["spec"]["devices"]] == kept
+    assert [d.get(field) for d in stored["spec"]["devices"]] == kept

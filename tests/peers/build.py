@@ -143,8 +143,9 @@ def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
 #: first: the newest is what ``go.mod`` pins (the whole suite runs there, and the real node's
 #: kubelet and the Go driver are built only there); each other one builds the same sources
 #: with ``go.k8s-<version>.mod`` (written by ``python -m tests.peers.kubernetes_mod``) and
-#: the build tag ``k8s_1_<minor>`` for what the harness calls differently there.
-KUBERNETES_VERSIONS: tuple[str, ...] = (kubernetes_version(), "v1.34.4")
+#: the build tags ``k8s_before_1_<minor>`` of every later minor release, which select what
+#: the harness calls differently there (``cmd/kubelet-harness/kubelet_before_1_*.go``).
+KUBERNETES_VERSIONS: tuple[str, ...] = (kubernetes_version(), "v1.36.3", "v1.35.4", "v1.34.4")
 
 #: The control plane's peers, built at every release of KUBERNETES_VERSIONS.
 KUBERNETES_PEERS: Mapping[str, str] = {
@@ -167,16 +168,23 @@ def kubernetes_peer(name: str, version: str) -> str:
     return name if version == KUBERNETES_VERSIONS[0] else f"{name}-{version}"
 
 
+#: The oldest release a real node runs at besides the newest (its kubelet, for the node's
+#: core tests in the compatibility runs).
+OLDEST_NODE_RELEASE = KUBERNETES_VERSIONS[-1]
+
+
 def _kubernetes_group(version: str) -> PeerGroup:
     packages = {kubernetes_peer(name, version): pkg for name, pkg in KUBERNETES_PEERS.items()}
+    if version == OLDEST_NODE_RELEASE:
+        packages[kubernetes_peer("kubelet", version)] = "k8s.io/kubernetes/cmd/kubelet"
     if version != KUBERNETES_VERSIONS[0]:
-        minor = version.split(".")[1]
+        minor, newest = (int(v.split(".")[1]) for v in (version, KUBERNETES_VERSIONS[0]))
         return PeerGroup(
             name=f"kubernetes-{version}",
             module=PEERS_DIR,
             packages=packages,
             modfile=kubernetes_modfile(version),
-            tags=(f"k8s_1_{minor}",),
+            tags=tuple(f"k8s_before_1_{later}" for later in range(minor + 1, newest + 1)),
             ldflags=_kubernetes_ldflags(version),
         )
     return PeerGroup(

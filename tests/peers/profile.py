@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodedra.dra.probes import PUBLISHED_FIELD_GATES
+from nodedra.dra.probes import (
+    NODE_ALLOCATABLE_FIELD,
+    NODE_ALLOCATABLE_FIELD_1_36,
+    NODE_ALLOCATABLE_RESOURCES,
+    PUBLISHED_FIELD_GATES,
+)
 from tests.peers.build import KUBERNETES_VERSIONS
 
 KUBERNETES_ENV = "NODEDRA_KUBERNETES"
@@ -138,9 +143,30 @@ class ClusterProfile:
         its features): without what the gates that are off would add."""
         published = list(devices)
         for gate in PUBLISHED_FIELD_GATES:
+            older = gate.spelling_at(self.minor)
             if not self.on(gate.name):
                 published = [gate.without(d) for d in published]
+            elif older is not None:
+                published = [older.rewrite(d) for d in published]
         return published
+
+    def spelled(self, devices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """``devices`` with each gated field as this release spells it (1.36 spells the
+        node-allocatable mappings otherwise)."""
+        spelled = list(devices)
+        for gate in PUBLISHED_FIELD_GATES:
+            if (older := gate.spelling_at(self.minor)) is not None:
+                spelled = [older.rewrite(d) for d in spelled]
+        return spelled
+
+    @property
+    def node_allocatable_field(self) -> str:
+        """The device field of the node-allocatable mappings at this release."""
+        return (
+            NODE_ALLOCATABLE_FIELD_1_36
+            if NODE_ALLOCATABLE_RESOURCES.spelling_at(self.minor)
+            else NODE_ALLOCATABLE_FIELD
+        )
 
 
 def read_enabled(metrics: str) -> dict[str, bool]:

@@ -416,7 +416,8 @@ class Plugin:
 
         Our devices are the node's own CPUs and memory: the kubelet already knows whether
         the node is healthy, and there is nothing per device we could add. No health
-        service is served, so the kubelet gets UNIMPLEMENTED and stops asking.
+        service is advertised, so kubelets from 1.37 never ask; older ones, which ask every
+        driver, get a stream that stays open and says nothing, and stop asking.
         """
         raise HealthNotSupportedError(f"driver {self._driver} does not report device health")
 

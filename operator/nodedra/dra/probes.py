@@ -12,6 +12,11 @@ since that kubelet would not give the pods the mapped CPUs and memory.
 So we ask the one way that tells: a server-side dry run of a slice for our node carrying
 such a device, which validates and admits everything and stores nothing, and a look at what
 came back. Devices are then published without the fields that would not be kept.
+
+A field an older release spells otherwise is asked in each spelling, newest first, and
+published in the first one kept: Kubernetes 1.36 takes the node-allocatable mappings as
+``nodeAllocatableResourceMappings`` (``capacityKey`` and ``allocationMultiplier``, no
+overheads), 1.37 as ``nodeAllocatableResources``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Spelling:
+    """How a release spells a gate's field.
+
+    A probe device in that spelling, whether the stored probe device still has it, and a
+    device of the newest spelling rewritten to it.
+    """
+
+    until: int
+    """The last minor release of Kubernetes 1 that spells it so."""
+    device: Device
+    kept: Callable[[Device], bool]
+    rewrite: Callable[[Device], Device]
+
+
+@dataclass(frozen=True)
 class Gate:
     """A feature gate, as seen in what the API server keeps of a probe device."""
 
@@ -47,6 +67,17 @@ class Gate:
     """The feature the node must declare for the server to admit the field, if any."""
     missing: str = ""
     """What it means for the node when the field is not published (logged once)."""
+    older: tuple[Spelling, ...] = ()
+    """How older releases spell the field, newest first (asked after the gate's own)."""
+
+    @property
+    def spellings(self) -> tuple[Spelling, ...]:
+        """Every spelling of the field, the newest (the gate's own device) first."""
+        return (Spelling(0, self.device, self.kept, lambda device: device), *self.older)
+
+    def spelling_at(self, minor: int) -> Spelling | None:
+        """The older spelling Kubernetes 1.<minor> takes; None where it takes the newest."""
+        return next((s for s in reversed(self.older) if minor <= s.until), None)
 
 
 PROBE_ATTRIBUTE = "listprobe"
@@ -60,6 +91,37 @@ LIST_TYPE_ATTRIBUTES = Gate(
         (device.get("attributes") or {}).get(PROBE_ATTRIBUTE, {}).get("ints") == PROBE_VALUE
     ),
 )
+NODE_ALLOCATABLE_FIELD_1_36 = "nodeAllocatableResourceMappings"
+
+
+def _node_allocatable_as_in_1_36(device: Device) -> Device:
+    """A device with its mappings as 1.36 spells them.
+
+    A capacity's mapping keeps its ``capacityKey`` and multiplies by
+    ``allocationMultiplier``; a per-device mapping is an ``allocationMultiplier`` alone.
+    1.36 has no overheads: an entry with only an overhead is left out.
+    """
+    entries = device.get(NODE_ALLOCATABLE_FIELD)
+    if entries is None:
+        return device
+    rewritten = {k: v for k, v in device.items() if k != NODE_ALLOCATABLE_FIELD}
+    mappings = {}
+    for resource, entry in entries.items():
+        mapping = entry.get("mapping")
+        if mapping is None:
+            continue
+        if "capacityKey" in mapping:
+            mappings[resource] = {
+                "capacityKey": mapping["capacityKey"],
+                "allocationMultiplier": mapping.get("capacityMultiplier", "1"),
+            }
+        else:
+            mappings[resource] = {"allocationMultiplier": mapping["deviceMultiplier"]}
+    if mappings:
+        rewritten[NODE_ALLOCATABLE_FIELD_1_36] = mappings
+    return rewritten
+
+
 NODE_ALLOCATABLE_RESOURCES = Gate(
     "DRANodeAllocatableResources",
     {
@@ -76,6 +138,20 @@ NODE_ALLOCATABLE_RESOURCES = Gate(
     missing="devices are published without nodeAllocatableResources, so the scheduler counts "
     "the node's CPUs and memory twice, as devices and in the node's allocatable (turn the "
     "gate on in the API server, the scheduler and the kubelet, then restart nodedra)",
+    older=(
+        Spelling(
+            36,
+            {
+                "name": "probe",
+                "capacity": {"cpu": {"value": "1"}},
+                NODE_ALLOCATABLE_FIELD_1_36: {
+                    "cpu": {"capacityKey": "cpu", "allocationMultiplier": "1"}
+                },
+            },
+            lambda device: bool((device.get(NODE_ALLOCATABLE_FIELD_1_36) or {}).get("cpu")),
+            _node_allocatable_as_in_1_36,
+        ),
+    ),
 )
 
 
@@ -144,36 +220,58 @@ class GateProbe:
         self._node_name = node_name
         self._driver = driver
         self._mu = threading.Lock()
-        self._known: dict[str, bool] = {}
+        self._known: dict[str, Spelling | None] = {}
 
     def known(self) -> dict[str, bool]:
         """The gates asked about so far, and whether each is on."""
         with self._mu:
-            return dict(self._known)
+            return {name: spelling is not None for name, spelling in self._known.items()}
 
     def on(self, gate: Gate) -> bool:
         """Whether ``gate`` is on; KubeAPIError (and asked again) when the server can't tell."""
+        return self.spelling(gate) is not None
+
+    def spelling(self, gate: Gate) -> Spelling | None:
+        """The spelling of ``gate``'s field the server keeps; None if none (or as :meth:`on`)."""
         with self._mu:
-            known = self._known.get(gate.name)
-        if known is not None:
-            return known
-        why_off = self._why_off(gate)
+            if gate.name in self._known:
+                return self._known[gate.name]
+        kept, why_off = None, None
+        for spelling in gate.spellings:
+            why = self._why_off(gate, spelling)
+            if why is None:
+                kept = spelling
+                break
+            why_off = why_off or why
         with self._mu:
             first = gate.name not in self._known
-            self._known[gate.name] = why_off is None
-        if first and why_off is not None and gate.missing:
+            self._known[gate.name] = kept
+        if first and kept is None and gate.missing:
             log.warning("%s: %s", why_off, gate.missing)
-        return why_off is None
+        if first and kept is not None and kept.until:
+            log.info(
+                "the API server takes %s's field as Kubernetes 1.%d spells it: devices are "
+                "published so",
+                gate.name,
+                kept.until,
+            )
+        return kept
 
     def as_kept(self, devices: Sequence[Device]) -> Sequence[Device]:
-        """``devices`` without the fields of gates that are off (KubeAPIError as :meth:`on`)."""
+        """``devices`` as the server keeps them: each field in its spelling, or left out.
+
+        KubeAPIError as :meth:`on`.
+        """
         for gate in PUBLISHED_FIELD_GATES:
-            if any(gate.uses(d) for d in devices) and not self.on(gate):
-                devices = [gate.without(d) for d in devices]
+            if not any(gate.uses(d) for d in devices):
+                continue
+            spelling = self.spelling(gate)
+            rewrite = gate.without if spelling is None else spelling.rewrite
+            devices = [rewrite(d) for d in devices]
         return devices
 
-    def _why_off(self, gate: Gate) -> str | None:
-        """Dry-run a slice with the gate's device: None if its field came back, else why not.
+    def _why_off(self, gate: Gate, spelling: Spelling) -> str | None:
+        """Dry-run a slice with the spelling's device: None if its field came back, else why not.
 
         Off when the server has no resource.k8s.io/v1 or refuses the device (what it does
         when the dropped field leaves the device invalid), and when it forbids the device
@@ -181,7 +279,7 @@ class GateProbe:
         raised, since they tell nothing about the answer.
         """
         try:
-            stored = self._api.create_slice(self._probe_slice(gate), dry_run=True)
+            stored = self._api.create_slice(self._probe_slice(spelling.device), dry_run=True)
         except KubeAPIError as err:
             if err.status in (400, 404, 422):  # no such API, or the device has no value left
                 return f"the API server has feature gate {gate.name} off ({err})"
@@ -192,13 +290,15 @@ class GateProbe:
                 )
             raise
         devices = (stored.get("spec") or {}).get("devices") or [{}]
-        return None if gate.kept(devices[0]) else f"the API server has feature gate {gate.name} off"
+        if spelling.kept(devices[0]):
+            return None
+        return f"the API server has feature gate {gate.name} off"
 
     def _node_declares(self, gate: Gate) -> bool:
         node = self._api.get_node(self._node_name)
         return gate.node_feature in ((node.get("status") or {}).get("declaredFeatures") or [])
 
-    def _probe_slice(self, gate: Gate) -> dict[str, Any]:
+    def _probe_slice(self, device: Device) -> dict[str, Any]:
         return {
             "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceSlice",
@@ -211,6 +311,6 @@ class GateProbe:
                     "generation": 0,
                     "resourceSliceCount": 1,
                 },
-                "devices": [dict(gate.device)],
+                "devices": [dict(device)],
             },
         }

@@ -3,15 +3,15 @@
 The DRA socket is served before the registration socket exists, because the kubelet
 connects to the DRA endpoint as soon as it has registered us. Both DRA service versions the
 kubelet knows are served, v1 first in what we advertise (the kubelet takes the first it
-supports, in our order). No health service is registered: the kubelet's health stream then
-gets UNIMPLEMENTED, which is how a driver declines it.
+supports, in our order). No health service is advertised, and the health stream a kubelet
+opens anyway stays open and says nothing (see :class:`_SilentHealth`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import grpc
 
 from nodedra.grpc_gen import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -174,6 +176,30 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
+class _SilentHealth(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    """A device health stream that reports nothing and stays open until either side ends it.
+
+    We report no device's health (the node's own CPUs and memory: the kubelet knows the
+    node's health). Kubelets from 1.37 open the stream only for a driver that advertises
+    the service, and we do not. Kubelets of 1.35 with ResourceHealthStatus on and of 1.36
+    (on by default; 1.36.3 checked) open it for every driver, and when it is refused with
+    UNIMPLEMENTED they log an error and ask again every 5 seconds, for as long as the driver
+    is registered. An open stream without a word declines as well, and they wait on it.
+    """
+
+    def __init__(self, closing: threading.Event) -> None:
+        self._closing = closing
+
+    def NodeWatchResources(  # noqa: N802 (gRPC's name)
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        log.info("the kubelet opened a device health stream: it stays open and reports nothing")
+        while context.is_active() and not self._closing.wait(1.0):
+            pass
+        return
+        yield dra_health_v1alpha1_pb2.NodeWatchResourcesResponse()  # a generator that sends nothing
+
+
 def _serve(
     socket: Path, register: Callable[[grpc.Server], None], workers: int
 ) -> tuple[grpc.Server, SocketFile]:
@@ -259,6 +285,9 @@ class PluginServers:
     def _add_dra(self, server: grpc.Server) -> None:
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DRAv1(self._requests), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DRAv1beta1(self._requests), server)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            _SilentHealth(self._stopped), server
+        )
 
     def _add_registration(self, server: grpc.Server) -> None:
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)

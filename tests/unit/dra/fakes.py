@@ -148,6 +148,9 @@ class FakeCluster:
         self.keeps_list_attributes = False
         self.keeps_node_allocatable = True
         """False: as a server with DRANodeAllocatableResources off, drop the field."""
+        self.node_allocatable_field = "nodeAllocatableResources"
+        """The field's name as the server spells it (1.36: nodeAllocatableResourceMappings);
+        it drops the other spelling, a field it does not know."""
         self.keeps_consumable_capacity = True
         """False: as a server with DRAConsumableCapacity off, drop what it adds."""
         self.declared_features = ["DRANodeAllocatableResources"]
@@ -190,9 +193,10 @@ class FakeCluster:
     def _as_stored(self, body: Mapping[str, Any]) -> dict[str, Any]:
         stored = copy.deepcopy(dict(body))
         devices = stored["spec"].get("devices") or []
-        if not self.keeps_node_allocatable:
-            for device in devices:
-                device.pop("nodeAllocatableResources", None)
+        for device in devices:
+            for field in ("nodeAllocatableResources", "nodeAllocatableResourceMappings"):
+                if field != self.node_allocatable_field or not self.keeps_node_allocatable:
+                    device.pop(field, None)
         if not self.keeps_consumable_capacity:
             for device in devices:
                 device.pop("allowMultipleAllocations", None)

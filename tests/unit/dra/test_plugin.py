@@ -267,22 +267,44 @@ def mapped(count: int) -> list[dict[str, Any]]:
     return [{**d, "nodeAllocatableResources": MAPPED} for d in devices(count)]
 
 
+MAPPED_1_36 = {"cpu": {"allocationMultiplier": "1"}}
+
+
 @pytest.mark.parametrize(
-    ("server", "node", "warning"),
+    ("server", "node", "field", "warning"),
     [
-        (True, True, None),
-        (False, True, "the API server has feature gate DRANodeAllocatableResources off"),
-        (True, False, "does not declare feature DRANodeAllocatableResources"),
+        (True, True, "nodeAllocatableResources", None),
+        (True, True, "nodeAllocatableResourceMappings", None),
+        (
+            False,
+            True,
+            "nodeAllocatableResources",
+            "the API server has feature gate DRANodeAllocatableResources off",
+        ),
+        (
+            True,
+            False,
+            "nodeAllocatableResources",
+            "does not declare feature DRANodeAllocatableResources",
+        ),
     ],
-    ids=["on", "server-gate-off", "kubelet-without-it"],
+    ids=["on", "as-1.36-spells-it", "server-gate-off", "kubelet-without-it"],
 )
 def test_node_allocatable_mappings_are_published_where_they_are_kept(
-    rig: Rig, server: bool, node: bool, warning: str | None, caplog: pytest.LogCaptureFixture
+    rig: Rig,
+    *,
+    server: bool,
+    node: bool,
+    field: str,
+    warning: str | None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Where the server would drop the field, or refuses it because the node's kubelet does
     not declare the feature, devices are published without it, that is said once, and the
-    slices are not rewritten on every resync."""
+    slices are not rewritten on every resync. A server that spells the field as 1.36 does
+    gets the mappings in its spelling."""
     rig.cluster.keeps_node_allocatable = server
+    rig.cluster.node_allocatable_field = field
     rig.cluster.declared_features = ["DRANodeAllocatableResources"] if node else []
     rig.plugin.publish(mapped(2))
     rig.plugin.start()
@@ -295,7 +317,10 @@ def test_node_allocatable_mappings_are_published_where_they_are_kept(
     finally:
         rig.plugin.stop()
     on = warning is None
-    assert rig.cluster.pool_devices() == (mapped(2) if on else devices(2))
+    if field == "nodeAllocatableResourceMappings":
+        assert rig.cluster.pool_devices() == [{**d, field: MAPPED_1_36} for d in devices(2)]
+    else:
+        assert rig.cluster.pool_devices() == (mapped(2) if on else devices(2))
     assert len(rig.cluster.writes) == writes
     assert rig.plugin.feature_gates() == {"DRANodeAllocatableResources": on}
     warnings = [

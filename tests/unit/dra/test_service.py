@@ -142,15 +142,22 @@ def test_refused_before_allowed(running: Rig) -> None:
     assert "still synchronizing" in str(caught.value.details())
 
 
-def test_health_is_unimplemented(running: Rig) -> None:
+def test_the_health_stream_says_nothing_until_the_plugin_stops(running: Rig) -> None:
+    """Not advertised, but served: a kubelet that opens it anyway waits on it, reporting
+    nothing, instead of asking again every 5 s (test_registration: not advertised). It ends,
+    cleanly, when the plugin stops."""
     with channel(running.plugin.sockets.dra) as ch:
         stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch)
-        stream = stub.NodeWatchResources(
-            dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=10
-        )
+        request = dra_health_v1alpha1_pb2.NodeWatchResourcesRequest()
+        quiet = stub.NodeWatchResources(request, timeout=2)
         with pytest.raises(grpc.RpcError) as caught:
-            next(iter(stream))
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            next(iter(quiet))
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        stream = stub.NodeWatchResources(request)
+        stopping = threading.Thread(target=running.plugin.stop)
+        stopping.start()
+        assert list(stream) == []
+        stopping.join()
 
 
 def test_stop_leaves_another_instances_socket(tmp_path: Path) -> None:

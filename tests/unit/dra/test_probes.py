@@ -1,0 +1,64 @@
+"""The node-allocatable mappings as Kubernetes 1.36 spells them (KEP-5517's first alpha)."""
+
+from __future__ import annotations
+
+from nodedra.dra.probes import NODE_ALLOCATABLE_RESOURCES
+from nodedra.policy import allocatable
+
+NUMA_NODE = {
+    "name": "numa0",
+    "capacity": {"cpu": {"value": "14"}, "memory": {"value": "1Gi"}},
+    "nodeAllocatableResources": {
+        "cpu": allocatable.from_capacity("cpu"),
+        "memory": allocatable.from_capacity("memory", "2"),
+    },
+}
+
+
+def as_in_1_36(device: dict[str, object]) -> object:
+    spelling = NODE_ALLOCATABLE_RESOURCES.spelling_at(36)
+    assert spelling is not None
+    return spelling.rewrite(device)
+
+
+def test_a_capacity_s_mapping_keeps_its_key_and_multiplies_by_allocation_multiplier() -> None:
+    assert as_in_1_36(NUMA_NODE) == {
+        "name": "numa0",
+        "capacity": {"cpu": {"value": "14"}, "memory": {"value": "1Gi"}},
+        "nodeAllocatableResourceMappings": {
+            "cpu": {"capacityKey": "cpu", "allocationMultiplier": "1"},
+            "memory": {"capacityKey": "memory", "allocationMultiplier": "2"},
+        },
+    }
+
+
+def test_a_per_device_mapping_is_an_allocation_multiplier_alone() -> None:
+    device = {"name": "cpu-3", "nodeAllocatableResources": {"cpu": allocatable.per_device()}}
+    assert as_in_1_36(device) == {
+        "name": "cpu-3",
+        "nodeAllocatableResourceMappings": {"cpu": {"allocationMultiplier": "1"}},
+    }
+
+
+def test_overheads_have_no_1_36_spelling() -> None:
+    """An entry with an overhead keeps its mapping; one with only an overhead goes, and a
+    device left with no mapping has no field at all."""
+    overhead = {"overhead": {"perPod": "100m"}}
+    device = {
+        "name": "d",
+        "nodeAllocatableResources": {
+            "cpu": {**allocatable.per_device("2"), **overhead},
+            "memory": overhead,
+        },
+    }
+    assert as_in_1_36(device) == {
+        "name": "d",
+        "nodeAllocatableResourceMappings": {"cpu": {"allocationMultiplier": "2"}},
+    }
+    only_overhead = {"name": "d", "nodeAllocatableResources": {"memory": overhead}}
+    assert as_in_1_36(only_overhead) == {"name": "d"}
+
+
+def test_only_1_36_spells_it_otherwise() -> None:
+    assert NODE_ALLOCATABLE_RESOURCES.spelling_at(37) is None
+    assert NODE_ALLOCATABLE_RESOURCES.spelling_at(36) is not None
