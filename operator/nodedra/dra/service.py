@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import grpc
 
 from nodedra.grpc_gen import (
-    dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -196,8 +195,7 @@ class _SilentHealth(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
         log.info("the kubelet opened a device health stream: it stays open and reports nothing")
         while context.is_active() and not self._closing.wait(1.0):
             pass
-        return
-        yield dra_health_v1alpha1_pb2.NodeWatchResourcesResponse()  # a generator that sends nothing
+        yield from ()
 
 
 def _serve(

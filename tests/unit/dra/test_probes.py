@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from nodedra.dra.probes import NODE_ALLOCATABLE_RESOURCES
 from nodedra.policy import allocatable
 
@@ -15,7 +18,7 @@ NUMA_NODE = {
 }
 
 
-def as_in_1_36(device: dict[str, object]) -> object:
+def as_in_1_36(device: Mapping[str, Any]) -> object:
     spelling = NODE_ALLOCATABLE_RESOURCES.spelling_at(36)
     assert spelling is not None
     return spelling.rewrite(device)
