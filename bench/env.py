@@ -36,6 +36,7 @@ from tests.peers.controlplane import (
 )
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.process import PeerProcess
+from tests.peers.prometheus import sample
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -159,16 +160,14 @@ class Spawned:
         """SIGTERM, then SIGKILL after a grace period."""
         self.process.stop()
 
-    def metric(self, name: str, labels: str = "") -> float:
-        """One sample of its /metrics (``labels`` as written there, ``result="written"``)."""
+    def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
+        """One sample of its /metrics: the series ``name`` with exactly ``labels``."""
         assert self.metrics_url is not None, f"{self.name} serves no metrics"
         with urllib.request.urlopen(self.metrics_url, timeout=10) as answer:
-            text = answer.read().decode()
-        series = f"{name}{{{labels}}}" if labels else name
-        for line in text.splitlines():
-            if line.startswith(series + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(f"{self.name}: no {series} on {self.metrics_url}")
+            value = sample(answer.read().decode(), name, labels)
+        if value is None:
+            raise KeyError(f"{self.name}: no {name} {labels or ''} on {self.metrics_url}")
+        return value
 
 
 class BenchCluster:

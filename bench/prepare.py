@@ -139,7 +139,7 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
                 d = drivers[name]
                 warmup = case.warmup if round_ == 0 else 1
                 writes = (
-                    d.process.metric(STATUS_WRITES, 'result="written"')
+                    d.process.metric(STATUS_WRITES, {"result": "written"})
                     if name == "nodedra"
                     else 0.0
                 )
@@ -157,7 +157,7 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
                         # their CPU too, then how many there were.
                         wait_quiet(d.process.pid, window=1.0, timeout=60)
                 if name == "nodedra":
-                    writes = d.process.metric(STATUS_WRITES, 'result="written"') - writes
+                    writes = d.process.metric(STATUS_WRITES, {"result": "written"}) - writes
                 measured[name].add(timings, sampler, per_round + warmup, writes)
         per_round_p99[case.label] = [
             ratio(percentile(ours, 99), percentile(theirs, 99))

@@ -43,8 +43,8 @@ class Spelling:
     device of the newest spelling rewritten to it.
     """
 
-    until: int
-    """The last minor release of Kubernetes 1 that spells it so."""
+    until: int | None
+    """The last minor release of Kubernetes 1 that spells it so; None: releases still do."""
     device: Device
     kept: Callable[[Device], bool]
     rewrite: Callable[[Device], Device]
@@ -73,11 +73,11 @@ class Gate:
     @property
     def spellings(self) -> tuple[Spelling, ...]:
         """Every spelling of the field, the newest (the gate's own device) first."""
-        return (Spelling(0, self.device, self.kept, lambda device: device), *self.older)
+        return (Spelling(None, self.device, self.kept, lambda device: device), *self.older)
 
     def spelling_at(self, minor: int) -> Spelling | None:
         """The older spelling Kubernetes 1.<minor> takes; None where it takes the newest."""
-        return next((s for s in reversed(self.older) if minor <= s.until), None)
+        return next((s for s in reversed(self.older) if s.until and minor <= s.until), None)
 
 
 PROBE_ATTRIBUTE = "listprobe"
@@ -248,7 +248,7 @@ class GateProbe:
             self._known[gate.name] = kept
         if first and kept is None and gate.missing:
             log.warning("%s: %s", why_off, gate.missing)
-        if first and kept is not None and kept.until:
+        if first and kept is not None and kept.until is not None:
             log.info(
                 "the API server takes %s's field as Kubernetes 1.%d spells it: devices are "
                 "published so",

@@ -19,6 +19,7 @@ from nodedra.dra import ClaimRef, KubeAPIError, RequestReport
 from nodedra.observability import ClaimWatchCounts, Metrics, StatusCounts
 from nodedra.policy import PolicyConfig, PolicyError
 from nodedra.topology import format_cpu_list
+from tests.peers.cluster import poll
 from tests.unit.dra.fakes import NODE, make_claim, result
 from tests.unit.resmgr.test_manager import Node
 
@@ -174,10 +175,16 @@ def one_cpu_claim(node: Node) -> ClaimRef:
 
 
 def wait_looked_at(writer: StatusWriter, count: int) -> None:
-    deadline = time.monotonic() + 30
-    while (c := writer.counts()).written + c.unchanged + c.failed < count:
-        assert time.monotonic() < deadline, f"the writer looked at {c}, not {count} claims"
-        time.sleep(0.01)
+    def looked_at() -> int:
+        c = writer.counts()
+        return c.written + c.unchanged + c.failed
+
+    poll(
+        lambda: looked_at() >= count or None,
+        30,
+        lambda: f"the writer looked at {writer.counts()}, not {count} claims",
+        interval=0.01,
+    )
 
 
 def test_status_waits_while_the_kubelet_is_busy_and_then_writes_once(node: Node) -> None:
@@ -236,10 +243,7 @@ def test_status_writer_thread_writes_after_requests(node: Node) -> None:
 
 
 def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, f"waited in vain for {what}"
-        time.sleep(0.01)
+    poll(lambda: condition() or None, 30, lambda: what, interval=0.01)
 
 
 def fast_writer(node: Node) -> StatusWriter:

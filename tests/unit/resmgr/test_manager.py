@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from nodedra.dra import ClaimRef, RequestObserver, driver_name
 from nodedra.lib import durable, faults
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager, batchlock
+from tests.peers.cluster import poll
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
 from tests.unit.policy.conftest import topology
 
@@ -375,10 +375,7 @@ def three_behind_a_write(
 
 
 def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+    poll(lambda: check() or None, 30, lambda: what, interval=0.005)
 
 
 @pytest.fixture
