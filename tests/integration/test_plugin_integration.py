@@ -139,9 +139,9 @@ def test_registers_with_v1_and_again_after_a_restart(
     assert again.chosen_service == "v1.DRAPlugin"
 
 
-HEALTH_OBSERVED = 12.0
-"""Seconds a kubelet is watched for a health stream it would ask again: over twice the
-5 s after which its releases up to 1.36 retry a failed one."""
+HEALTH_OBSERVED = 7.0
+"""Seconds a kubelet is watched for a health stream it would ask again: more than the 5 s
+after which its releases up to 1.36 retry a failed one."""
 
 
 def test_a_kubelet_asking_for_device_health_waits_and_asks_nothing_more(
