@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from nodedra.dra import driver_name
+from nodedra.dra.probes import NODE_ALLOCATABLE_FIELD as FIELD
+from nodedra.dra.probes import NODE_ALLOCATABLE_FIELD_1_36 as FIELD_1_36
 from nodedra.lib.quantity import parse_quantity
 from tests.conftest import NODEDRA_SYSFS, KubeletFactory, NodedraFactory
 from tests.peers.cluster import (
@@ -39,8 +41,6 @@ from tests.peers.nodedra_node import (
 )
 from tests.peers.profile import ClusterProfile
 
-FIELD = "nodeAllocatableResources"
-FIELD_1_36 = "nodeAllocatableResourceMappings"
 GATE = "DRANodeAllocatableResources"
 NODE_CPUS = int(NODE_CAPACITY["cpu"])
 NODE_MEMORY = parse_quantity(NODE_CAPACITY["memory"])

@@ -143,12 +143,9 @@ class ClusterProfile:
         its features): without what the gates that are off would add."""
         published = list(devices)
         for gate in PUBLISHED_FIELD_GATES:
-            older = gate.spelling_at(self.minor)
             if not self.on(gate.name):
                 published = [gate.without(d) for d in published]
-            elif older is not None:
-                published = [older.rewrite(d) for d in published]
-        return published
+        return self.spelled(published)
 
     def spelled(self, devices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """``devices`` with each gated field as this release spells it (1.36 spells the
