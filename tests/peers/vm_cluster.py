@@ -51,6 +51,10 @@ PKI = f"{KUBELET_DIR}/pki"
 Boot = Callable[..., contextlib.AbstractContextManager[VMNode]]
 
 
+class ContainerNotRunningError(AssertionError):
+    """The container a pod's status names is not running in the guest (yet)."""
+
+
 class VMCluster:
     """The control plane and the joined VM node (see the module); a context manager."""
 
@@ -214,8 +218,12 @@ class VMCluster:
         """The guest's PID of a running container of ``pod``."""
         cid = container_id(pod, container)
         tasks = self.vm.run(f"{CTR} tasks list").check()
-        (pid,) = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
-        return int(pid)
+        pids = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
+        if len(pids) != 1:
+            raise ContainerNotRunningError(
+                f"container {cid} of {container} is not running: {tasks}"
+            )
+        return int(pids[0])
 
     def cgroup(self, pid: int) -> str:
         """The process' cgroup v2 directory in the guest."""
@@ -245,7 +253,10 @@ class VMCluster:
 
         def check() -> bool | None:
             nonlocal seen
-            seen = self.allowed(get_pod(self.cp, namespace, name), container)
+            try:
+                seen = self.allowed(get_pod(self.cp, namespace, name), container)
+            except ContainerNotRunningError:  # the status names a container of before a boot
+                return None
             return True if seen == want else None
 
         poll(check, 120, lambda: f"{namespace}/{name}/{container} on {want}, is on {seen}", 1.0)
