@@ -78,6 +78,16 @@ class VMError(RuntimeError):
     """The guest did not boot, or a command could not be run in it; the message says why."""
 
 
+class _BootStalledError(VMError):
+    """The guest kernel hung while booting (see VMNode.start)."""
+
+
+#: How often ``VMNode.start`` boots a guest whose kernel hangs before it is up.
+BOOT_ATTEMPTS = 2
+#: What the kernel writes on the console when a CPU is stuck (the soft-lockup watchdog).
+SOFT_LOCKUP = b"watchdog: BUG: soft lockup"
+
+
 @dataclass(frozen=True)
 class GuestResult:
     """What a command run in the guest did."""
@@ -134,6 +144,8 @@ class VMNode:
         self._agent: socket.socket | None = None
         self._buffer = b""
         self._next_id = 1
+        self._console_at = 0
+        """Where this boot's console output begins in the (appended) console log."""
 
     def argv(self) -> list[str]:
         """QEMU's command line (under ``timeout``)."""
@@ -187,15 +199,33 @@ class VMNode:
 
     def start(self, boot_timeout: float = 240.0) -> None:
         """Boot the guest and wait until systemd has finished starting it (running or
-        degraded, in :attr:`state`)."""
+        degraded, in :attr:`state`).
+
+        Under TCG a virtual CPU may hang early in a boot (seen once, 2026-12-03, on a guest's
+        third boot: an RCU stall on CPU 1 at 22 s, then the soft-lockup watchdog every 30 s
+        until the boot timed out). Such a boot is cut when the watchdog fires and started
+        again, once, with a line on stderr; a second one fails the start.
+        """
+        for attempt in range(1, BOOT_ATTEMPTS + 1):
+            try:
+                self._boot(boot_timeout)
+                return
+            except _BootStalledError as stall:
+                self.power_off()
+                if attempt == BOOT_ATTEMPTS:
+                    raise VMError(f"{stall}; {self._tails()}") from None
+                print(f"[vm] {stall}: power off, boot again", file=sys.stderr, flush=True)
+
+    def _boot(self, boot_timeout: float) -> None:
         if len(str(self.agent_path)) > 100:
             raise VMError(f"{self.agent_path} is too long for a Unix socket; use a shorter dir")
         started = time.monotonic()
         deadline = started + boot_timeout
         self.agent_path.unlink(missing_ok=True)
+        self._console_at = self.console_path.stat().st_size if self.console_path.exists() else 0
         self._process = PeerProcess("qemu", self.argv(), self.log_path)
         self._agent = self._connect(deadline)
-        hello = self._read_line(deadline, "the guest agent's greeting")
+        hello = self._read_line(deadline, "the guest agent's greeting", booting=True)
         if not hello.startswith(b"hello "):
             raise VMError(f"the guest agent greeted with {hello!r}, not hello")
         self.boot_id = hello.split()[1].decode()
@@ -205,6 +235,13 @@ class VMNode:
         self.boot_seconds = time.monotonic() - started
         if self.state not in ("running", "degraded"):
             raise VMError(f"systemd did not finish booting the guest: {self.state!r}")
+
+    def _check_boot_stalled(self) -> None:
+        """Raise _BootStalledError if this boot's console shows a CPU stuck in the kernel."""
+        with contextlib.suppress(OSError), open(self.console_path, "rb") as console:
+            console.seek(self._console_at)
+            if SOFT_LOCKUP in console.read():
+                raise _BootStalledError("the guest kernel reported a soft lockup while booting")
 
     def _connect(self, deadline: float) -> socket.socket:
         while True:
@@ -225,10 +262,12 @@ class VMNode:
             code = self._process.popen.returncode if self._process else None
             raise VMError(f"QEMU exited (code {code}) before {before}; {self._tails()}")
 
-    def _read_line(self, deadline: float, what: str) -> bytes:
+    def _read_line(self, deadline: float, what: str, booting: bool = False) -> bytes:
         assert self._agent is not None
         while b"\n" not in self._buffer:
             self._check_alive(what)
+            if booting:
+                self._check_boot_stalled()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise VMError(f"no answer from the guest ({what}) in time; {self._tails()}")
