@@ -31,7 +31,9 @@ report (sections "peer log: <name>").
 
 Once the peers are built, the test process moves into a private network namespace of its
 own (tests.peers.netns): every peer it starts afterwards, and all test traffic, stays there,
-on 127.0.0.1 and the real node's address on ``lo``.
+on 127.0.0.1 and the real node's address on ``lo``. With ``NODEDRA_BUILD_OTHER_RELEASES=1``
+(tox's py311 sets it) the peers of the other Kubernetes releases are built in the background
+meanwhile, at the lowest CPU priority, for the compat environment that runs next.
 """
 
 from __future__ import annotations
@@ -57,9 +59,12 @@ from tests.peers.build import (
     NODE_PEERS,
     PeerBinaries,
     PeerBuildError,
+    build_in_background,
+    cache_root,
     ensure_binaries,
     kubernetes_peer,
     peer_names,
+    release_peers,
 )
 from tests.peers.busybox import busybox_binary, busybox_image_archive
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
@@ -171,6 +176,28 @@ def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
         print(f"[peers] peers ready after {time.monotonic() - started:.1f}s", file=sys.stderr)
 
 
+#: Set to 1 to build the other Kubernetes releases' peers in the background during the run.
+_OTHER_RELEASES_ENV = "NODEDRA_BUILD_OTHER_RELEASES"
+
+
+def _build_other_releases(config: pytest.Config) -> None:
+    """Start building, in the background, the peers of every Kubernetes release but the one
+    under test, when asked to (see the module docstring) and this run's own peers are ready.
+    A fresh machine spends about five minutes of CPU per release on them, which the tests
+    here mostly leave idle."""
+    if os.environ.get(_OTHER_RELEASES_ENV) != "1" or _BUILD_ERROR in config.stash:
+        return
+    version = chosen_version()
+    names = [n for v in KUBERNETES_VERSIONS if v != version for n in release_peers(v)]
+    log = cache_root() / "other-releases.log"
+    build_in_background(names, log)
+    with _terminal(config):
+        print(
+            f"[peers] building the other Kubernetes releases' peers in the background: {log}",
+            file=sys.stderr,
+        )
+
+
 def _enter_private_network(config: pytest.Config) -> None:
     """Move the test process into its private network namespace (see the module docstring);
     a failure only matters to real nodes, whose fixture reports it."""
@@ -204,6 +231,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _download_busybox(session.config)
         if any(_IMAGE_FIXTURE in names for names in fixtures):
             _build_nodedra_image(session.config)
+        _build_other_releases(session.config)  # before leaving the network: it downloads
         _enter_private_network(session.config)
     if needs_vm:
         _enter_private_network(session.config)

@@ -537,11 +537,17 @@ def _find_go() -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise builds between processes (e.g. parallel test runs)."""
+def _locked(path: Path, log: Log | None = None, what: str = "") -> Iterator[None]:
+    """Serialise builds between processes (e.g. parallel test runs, or a build started in
+    the background); says on ``log`` that it waits when another process holds the lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log is not None:
+                print(f"[peers] waiting for another process building {what}", file=log, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -738,7 +744,7 @@ def ensure_binaries(log: Log = sys.stderr, names: Sequence[str] | None = None) -
         if not missing:
             continue
         dest = group.cache_dir()
-        with _locked(cache_root() / ".lock"):
+        with _locked(cache_root() / f".{group.name}.lock", log, group.name):
             to_build = [n for n in missing if not (dest / n).is_file()]
             if to_build:
                 build(group, to_build, dest, log)
@@ -754,6 +760,32 @@ def ensure_binaries(log: Log = sys.stderr, names: Sequence[str] | None = None) -
     for name, group in group_of.items():
         paths.setdefault(name, group.cache_dir() / name)
     return PeerBinaries(paths)
+
+
+def release_peers(version: str) -> list[str]:
+    """The peers built at Kubernetes ``version`` (its group's)."""
+    return list(_kubernetes_group(version).packages)
+
+
+def build_in_background(names: Sequence[str], log_path: Path) -> None:
+    """Start building ``names`` in a process of its own at the lowest CPU priority, its
+    output in ``log_path``, and return at once.
+
+    A test run that will need more peers later (tox's compat environment after py311)
+    builds them while its own tests leave the CPUs mostly idle; whoever needs them next
+    finds them cached, or waits on the group's lock while the build finishes. The process
+    outlives the test run: its peers are for the next one.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as out:
+        subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-m", "tests.peers.build", *names],
+            cwd=PEERS_DIR.parent.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,7 +41,7 @@ def busybox_binary(log: Log = sys.stderr) -> Path:
             "the samples' busybox image is made from Debian's busybox-static package, which "
             "takes apt-get and dpkg-deb (a Debian machine)"
         )
-    with _locked(cache_root() / ".lock"):
+    with _locked(cache_root() / ".busybox.lock"):
         if dest.is_file():
             return dest
         with tempfile.TemporaryDirectory(prefix="busybox-") as tmp:
