@@ -32,8 +32,9 @@ report (sections "peer log: <name>").
 Once the peers are built, the test process moves into a private network namespace of its
 own (tests.peers.netns): every peer it starts afterwards, and all test traffic, stays there,
 on 127.0.0.1 and the real node's address on ``lo``. With ``NODEDRA_BUILD_OTHER_RELEASES=1``
-(tox's py311 sets it) the peers of the other Kubernetes releases are built in the background
-meanwhile, at the lowest CPU priority, for the compat environment that runs next.
+(tox's py311 sets it) the peers of the other Kubernetes releases are built in the background,
+at the lowest CPU priority, for the compat environment that runs next: while the tests after
+the VM node's run (those come first: their guests want both CPUs).
 """
 
 from __future__ import annotations
@@ -178,24 +179,52 @@ def _resolve_binaries(config: pytest.Config, node: bool = False) -> None:
 
 #: Set to 1 to build the other Kubernetes releases' peers in the background during the run.
 _OTHER_RELEASES_ENV = "NODEDRA_BUILD_OTHER_RELEASES"
+_START_OTHER_RELEASES = pytest.StashKey[Callable[[], None]]()
 
 
-def _build_other_releases(config: pytest.Config) -> None:
-    """Start building, in the background, the peers of every Kubernetes release but the one
-    under test, when asked to (see the module docstring) and this run's own peers are ready.
-    A fresh machine spends about five minutes of CPU per release on them, which the tests
-    here mostly leave idle."""
+def _build_other_releases(config: pytest.Config, now: bool) -> None:
+    """When asked to (see the module docstring) and this run's own peers are ready, start a
+    process to build the peers of every Kubernetes release but the one under test: at once
+    with ``now``, else once the VM node's tests are over (_start_after_the_vm_tests). A
+    fresh machine spends about five minutes of CPU per release on them."""
     if os.environ.get(_OTHER_RELEASES_ENV) != "1" or _BUILD_ERROR in config.stash:
         return
     version = chosen_version()
     names = [n for v in KUBERNETES_VERSIONS if v != version for n in release_peers(v)]
     log = cache_root() / "other-releases.log"
-    build_in_background(names, log)
+    start = build_in_background(names, log)
     with _terminal(config):
+        when = "now" if now else "once the VM node's tests are over"
         print(
-            f"[peers] building the other Kubernetes releases' peers in the background: {log}",
+            f"[peers] the other Kubernetes releases' peers are built in the background {when}:"
+            f" {log}",
             file=sys.stderr,
         )
+    if now:
+        start()
+    else:
+        config.stash[_START_OTHER_RELEASES] = start
+
+
+def _needs_vm(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    return _VM_FIXTURE in names or _VM_FACTORY in names
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The VM node's tests first, in their order: their guests keep both CPUs busy, where
+    the other tests leave them mostly idle for the background build to take."""
+    items[:] = [i for i in items if _needs_vm(i)] + [i for i in items if not _needs_vm(i)]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """After the last VM node's test (its guests torn down), start the background build."""
+    yield
+    if _needs_vm(item) and (nextitem is None or not _needs_vm(nextitem)):
+        start = item.config.stash.get(_START_OTHER_RELEASES, None)
+        if start is not None:
+            start()
 
 
 def _enter_private_network(config: pytest.Config) -> None:
@@ -231,7 +260,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _download_busybox(session.config)
         if any(_IMAGE_FIXTURE in names for names in fixtures):
             _build_nodedra_image(session.config)
-        _build_other_releases(session.config)  # before leaving the network: it downloads
+        # Before leaving the machine's network: the build downloads.
+        _build_other_releases(session.config, now=not needs_vm)
         _enter_private_network(session.config)
     if needs_vm:
         _enter_private_network(session.config)

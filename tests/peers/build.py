@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -767,25 +767,29 @@ def release_peers(version: str) -> list[str]:
     return list(_kubernetes_group(version).packages)
 
 
-def build_in_background(names: Sequence[str], log_path: Path) -> None:
-    """Start building ``names`` in a process of its own at the lowest CPU priority, its
-    output in ``log_path``, and return at once.
+def build_in_background(names: Sequence[str], log_path: Path) -> Callable[[], None]:
+    """Start a process that builds ``names`` at the lowest CPU priority, its output in
+    ``log_path``, once the returned function is called (or this process ends).
 
     A test run that will need more peers later (tox's compat environment after py311)
-    builds them while its own tests leave the CPUs mostly idle; whoever needs them next
-    finds them cached, or waits on the group's lock while the build finishes. The process
-    outlives the test run: its peers are for the next one.
+    builds them while its own tests leave the CPUs mostly idle, and says when that is: the
+    process waits for the end of its standard input, which stays open until then. It is
+    started at once, though, while the test run still has the machine's network (the build
+    downloads modules). Whoever needs the peers next finds them cached, or waits on the
+    group's lock while the build finishes; the process outlives the test run.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as out:
-        subprocess.Popen(
-            ["nice", "-n", "19", sys.executable, "-m", "tests.peers.build", *names],
+        process = subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-m", "tests.peers.build", "--when-told", *names],
             cwd=PEERS_DIR.parent.parent,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    assert process.stdin is not None
+    return process.stdin.close
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -797,10 +801,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "names", nargs="*", help=f"peers to build, of {', '.join(ENV_OVERRIDES)} (default: all)"
     )
+    parser.add_argument(
+        "--when-told",
+        action="store_true",
+        help="build once standard input ends (a test run holds it open until it can spare the"
+        " CPUs)",
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in ENV_OVERRIDES]
     if unknown:
         parser.error(f"unknown peers {unknown}; choose from {', '.join(ENV_OVERRIDES)}")
+    if args.when_told:
+        sys.stdin.buffer.read()
     started = time.monotonic()
     try:
         binaries = ensure_binaries(names=args.names or None)
