@@ -40,6 +40,7 @@ EVENTS = (
     pb.STOP_POD_SANDBOX,
     pb.REMOVE_POD_SANDBOX,
     pb.CREATE_CONTAINER,
+    pb.START_CONTAINER,
     pb.UPDATE_CONTAINER,
     pb.STOP_CONTAINER,
     pb.REMOVE_CONTAINER,
@@ -65,6 +66,15 @@ class RuntimeOwner(Protocol):
         """The kubelet changes a container's resources: what to (re)assert.
 
         ``requested`` is the cpuset the kubelet asks for, if it asks for one.
+        """
+        ...
+
+    def container_started(self, pod: Pod, container: Container) -> bool:
+        """A container started: True if it must be updated (outside the event).
+
+        A container the runtime created while it synchronized us is in neither the
+        Synchronize nor a CreateContainer (containerd and CRI-O both), so its start is
+        where it is first seen.
         """
         ...
 
@@ -116,9 +126,11 @@ class Events:
         owner: RuntimeOwner,
         on_synchronized: Callable[[], None],
         observer: EventObserver | None = None,
+        on_updates_due: Callable[[], None] = lambda: None,
     ) -> None:
         self._owner = owner
         self._on_synchronized = on_synchronized
+        self._on_updates_due = on_updates_due
         self._observer = observer
         self._busy = threading.Condition()
         self._handling = False
@@ -131,6 +143,7 @@ class Events:
             "Synchronize": self._synchronize,
             "Shutdown": self._shutdown,
             "CreateContainer": self._create_container,
+            "StartContainer": self._start_container,
             "UpdateContainer": self._update_container,
             "StopContainer": self._stop_container,
             "StateChange": self._state_change,
@@ -241,6 +254,15 @@ class Events:
             response.adjust.linux.resources.CopyFrom(resources(cpuset))
         return response
 
+    def _start_container(self, payload: bytes) -> Message:
+        request = pb.PodContainerRequest.FromString(payload)
+        self._started(pod_of(request.pod), container_of(request.container))
+        return pb.Empty()
+
+    def _started(self, pod: Pod, container: Container) -> None:
+        if self._owner.container_started(pod, container):
+            self._on_updates_due()
+
     def _update_container(self, payload: bytes) -> Message:
         request = pb.UpdateContainerRequest.FromString(payload)
         cpu = request.linux_resources.cpu
@@ -257,11 +279,13 @@ class Events:
         return pb.StopContainerResponse(update=container_updates(updates))
 
     def _state_change(self, payload: bytes) -> Message:
-        """Pod events and RemoveContainer from runtimes before NRI v0.12."""
+        """Pod events, StartContainer and RemoveContainer from runtimes before NRI v0.12."""
         event = pb.StateChangeEvent.FromString(payload)
         pod = pod_of(event.pod)
         if event.event == pb.RUN_POD_SANDBOX:
             self._owner.pod_seen(pod)
+        elif event.event == pb.START_CONTAINER:
+            self._started(pod, container_of(event.container))
         elif event.event == pb.REMOVE_POD_SANDBOX:
             self._owner.pod_removed(pod)
         elif event.event == pb.REMOVE_CONTAINER:
@@ -299,6 +323,7 @@ def _concerning(call: Call) -> str:
     """The container or pod a call concerns, in words, as far as it can be read."""
     request_types: dict[str, type[Message]] = {
         "CreateContainer": pb.CreateContainerRequest,
+        "StartContainer": pb.PodContainerRequest,
         "UpdateContainer": pb.UpdateContainerRequest,
         "StopContainer": pb.StopContainerRequest,
         "RemoveContainer": pb.PodContainerRequest,

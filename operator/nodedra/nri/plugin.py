@@ -76,7 +76,9 @@ class NRIPlugin:
         self._connection: Connection | None = None
         self._synchronized = False
         self._updates_wanted = False
-        self._events = Events(owner, self._synchronized_now, options.observer)
+        self._events = Events(
+            owner, self._synchronized_now, options.observer, on_updates_due=self.request_updates
+        )
         self._threads: list[threading.Thread] = []
 
     @property

@@ -180,6 +180,46 @@ class ContainerPinner:
         except Exception:  # a bug of ours: this container's failure, not the rest's
             return [Update(container.id, self._failed("UpdateContainer", pod, container))]
 
+    def container_started(self, pod: Pod, container: Container) -> bool:
+        """A container we never saw created is adopted: True if its cpuset is to change.
+
+        The runtime created it while it was synchronizing us, and told us of it in neither
+        (containerd#13698, cri-o#10090); until now it ran with whatever the kubelet gave it,
+        perhaps on claimed CPUs.
+        """
+        try:
+            with self._books() as books:
+                if container.id in self.pinning.containers:
+                    return False
+                decision = self.pinning.decide(pod, container, books)
+            if _refreshable(pod, decision):
+                self._refresh(decision.unreserved)
+            with self._books() as books:
+                if container.id in self.pinning.containers:
+                    return False
+                self.pinning.pods.setdefault(pod.id, pod)
+                decision = self.pinning.decide(pod, container, books)
+                self.pinning.track(pod, container, decision, container.cpuset)
+                if same(decision.cpuset, container.cpuset):
+                    return False
+                self.pinning.behind = True
+        except Exception:  # a bug of ours: this container's failure, not the rest's
+            self._failed("StartContainer", pod, container)
+            with self._lock():  # it still runs with what it started with: send it the pool
+                known = self.pinning.containers.get(container.id)
+                if known is not None:
+                    known.told = None
+                self.pinning.behind = True
+            return True
+        log.warning(
+            "container %r of pod %s started without our having seen it created (the runtime "
+            "created it while synchronizing us): it is moved to CPUs %s",
+            container.name,
+            pod,
+            decision.cpuset.cpus,
+        )
+        return True
+
     def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
         """A stopped container needs no CPUs (claims give theirs back when unprepared)."""
         with self._lock():

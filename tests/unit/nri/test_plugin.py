@@ -38,6 +38,9 @@ class Owner:
         self.sent: list[tuple[list[Update], list[str]]] = []
         self.hold_creation = threading.Event()
         self.hold_creation.set()
+        self.started: list[tuple[Pod, Container]] = []
+        self.update_started = False
+        """What container_started answers: whether the started container is to be updated."""
         self.creating = threading.Event()
         self.changed = threading.Condition()
 
@@ -55,6 +58,10 @@ class Owner:
 
     def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
         return [Update(container.id, CPUSet("4-5"))]
+
+    def container_started(self, pod: Pod, container: Container) -> bool:
+        self.started.append((pod, container))
+        return self.update_started
 
     def container_stopped(self, pod: Pod, container: Container) -> list[Update]:
         return []
@@ -164,13 +171,13 @@ def test_it_registers_with_its_name_and_index(runtime: Runtime, plugin: NRIPlugi
 
 
 def test_the_event_mask_is_one_containerd_2_0_takes(runtime: Runtime, plugin: NRIPlugin) -> None:
-    """Only events NRI v0.8 knows (ValidEvents 0x7ff): run/stop/remove pod, create, update,
-    stop and remove container."""
-    assert EVENT_MASK == 0x68F
+    """Only events NRI v0.8 knows (ValidEvents 0x7ff): run/stop/remove pod, create, start,
+    update, stop and remove container."""
+    assert EVENT_MASK == 0x6AF
     peer = runtime.accept()
     runtime.register(peer)
     answer = runtime.call(peer, "Configure", pb.ConfigureRequest(runtime_name="containerd"))
-    assert pb.ConfigureResponse.FromString(answer.payload).events == 0x68F
+    assert pb.ConfigureResponse.FromString(answer.payload).events == 0x6AF
 
 
 def test_a_split_synchronize_is_answered_at_its_last_chunk(
@@ -264,6 +271,56 @@ def test_updates_wait_until_no_event_is_being_handled(
     with owner.changed:
         assert owner.changed.wait_for(lambda: owner.sent, 10)
     assert owner.sent == [([Update("c9", CPUSet("7"))], [])]
+
+
+def receive_updates(peer: Peer) -> tuple[int, list[tuple[str, str]]]:
+    """The next UpdateContainers call of the plugin: its stream and (container, cpus)."""
+    conn_id, message = peer.receive()
+    assert conn_id == RUNTIME_CONN
+    call = ttrpc_pb2.Request.FromString(message.payload)
+    assert call.method == "UpdateContainers"
+    updates = pb.UpdateContainersRequest.FromString(call.payload).update
+    return message.stream_id, [(u.container_id, u.linux.resources.cpu.cpus) for u in updates]
+
+
+@pytest.mark.parametrize("how", ["StartContainer", "StateChange"])
+def test_a_started_container_the_owner_adopts_is_updated_after_the_event(
+    runtime: Runtime, plugin: NRIPlugin, owner: Owner, how: str
+) -> None:
+    """A container created while the runtime synchronized us is first seen at its start
+    (NRI v0.12's StartContainer, or a StateChange before it); the owner's update follows."""
+    peer = runtime.accept()
+    runtime.connect(peer)
+    owner.pending = [Update("c1", CPUSet("4-5"))]
+    owner.update_started = True
+    pod = pb.PodSandbox(id="p", uid="u", namespace="ns", name="pod")
+    if how == "StartContainer":
+        request: Message = pb.PodContainerRequest(pod=pod, container=container(1))
+    else:
+        request = pb.StateChangeEvent(event=pb.START_CONTAINER, pod=pod, container=container(1))
+    answer = runtime.call(peer, how, request)
+    assert answer.status.code == 0, answer.status
+    [(started_pod, started)] = owner.started
+    assert (started_pod.uid, started.id) == ("u", "c1")
+    stream_id, updates = receive_updates(peer)
+    assert updates == [("c1", "4-5")]
+    peer.answer(stream_id, pb.UpdateContainersResponse().SerializeToString())
+    with owner.changed:
+        assert owner.changed.wait_for(lambda: owner.sent, 10)
+
+
+def test_a_started_container_the_owner_knows_sends_nothing(
+    runtime: Runtime, plugin: NRIPlugin, owner: Owner
+) -> None:
+    peer = runtime.accept()
+    runtime.connect(peer)
+    owner.pending = [Update("c1", CPUSet("4-5"))]
+    request = pb.PodContainerRequest(pod=pb.PodSandbox(id="p"), container=container(1))
+    runtime.call(peer, "StartContainer", request)
+    assert len(owner.started) == 1
+    peer.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        peer.receive()
 
 
 def test_garbage_drops_the_connection_and_it_is_made_again(

@@ -237,3 +237,26 @@ def test_an_update_that_crosses_a_newer_decision_is_sent_again(node: Node) -> No
     assert node.pinner.pending_updates() == [Update("ctr-p", with_claim)]
     assert not node.pinner.updates_sent([Update("ctr-p", with_claim)], [])
     assert node.pinner.pending_updates() == []
+
+
+def test_a_container_first_seen_at_its_start_is_moved_where_it_belongs(node: Node) -> None:
+    """Created while the runtime synchronized us, it was in neither the Synchronize nor a
+    CreateContainer: at its start it is adopted and updated, outside the event."""
+    node.pinner.synchronize([OWNER], [])
+    late, other = holding("late", OWNER), plain("other", OWNER)
+    assert node.pinner.container_started(OWNER, late)
+    assert node.pinner.container_started(OWNER, other)
+    assert sorted(node.pinner.pending_updates(), key=lambda u: u.container_id) == [
+        Update("ctr-late", node.claimed),
+        Update("ctr-other", node.shared),
+    ]
+    assert not node.pinner.container_started(OWNER, late), "adopted once"
+
+
+def test_a_container_seen_created_is_left_alone_at_its_start(node: Node) -> None:
+    node.pinner.synchronize([OWNER], [])
+    created = holding("created", OWNER)
+    cpuset, _ = node.pinner.create_container(OWNER, created)
+    assert cpuset == node.claimed
+    assert not node.pinner.container_started(OWNER, created)
+    assert node.pinner.pending_updates() == []
