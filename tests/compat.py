@@ -55,7 +55,7 @@ NODE_CORE = (
     "containerd-v2.4.2 and (runs_on_the_cpus or SIGKILL or kubelet)",
 )
 #: The static policy's pinning with only GA DRA, at the newest release.
-NODE_GA = ("tests/integration/test_node_pinning.py", "-k", "static")
+NODE_GA = ("tests/integration/test_node_pinning.py", "-k", "containerd-v2.4.2 and static")
 
 #: How many runs without a real node at once.
 PARALLEL = 3

@@ -13,10 +13,11 @@
 * `kubelet_factory`, `go_driver_factory`, `ready_node`, `namespace`: per test.
 * `nri_runtime_factory`: NRI runtime-side harnesses (pkg/adaptation, as containerd embeds
   it) at a given NRI version, and Go stub plugins on them (tests.peers.nri_runtime), per test.
-* `real_node_factory`, `real_node`: a real node (kubelet, containerd, runc; tests.peers.node)
-  that runs pods, per test; `real_node` is parametrized indirectly by containerd version (one
-  of CONTAINERD_VERSIONS, default the newest) and comes with the workload controllers, so its
-  pods can be scheduled. The node's peers are built only when a selected test uses one.
+* `real_node_factory`, `real_node`: a real node (kubelet, containerd or CRI-O, runc;
+  tests.peers.node) that runs pods, per test; `real_node` is parametrized indirectly by
+  runtime (one of NODE_RUNTIMES, default the newest containerd) and comes with the workload
+  controllers, so its pods can be scheduled. The node's peers are built only when a selected
+  test uses one.
 * `nodedra_installed`: the control plane with the admin's part of manifests/ applied;
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
@@ -54,7 +55,6 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from tests.peers.build import (
-    CONTAINERD_VERSIONS,
     KUBERNETES_PEERS,
     KUBERNETES_VERSIONS,
     NODE_PEERS,
@@ -93,6 +93,7 @@ from tests.peers.profile import (
     gates_for,
     read_enabled,
 )
+from tests.peers.runtime import NODE_RUNTIMES
 from tests.peers.vm import VMError, VMNode
 from tests.peers.vm_image import VMImage, ensure_vm_image
 
@@ -575,7 +576,7 @@ class RealNodeFactory:
         self,
         node_name: str | None = None,
         *,
-        containerd_version: str = CONTAINERD_VERSIONS[0],
+        runtime: str = NODE_RUNTIMES[0],
         start: bool = True,
         **options: Any,
     ) -> RealNode:
@@ -586,7 +587,7 @@ class RealNodeFactory:
             self._cp,
             node_name or _unique("real"),
             self._workdir / f"node-{len(self.started)}",
-            containerd_version=containerd_version,
+            runtime=runtime,
             **options,
         )
         self.started.append(node)
@@ -639,10 +640,9 @@ def real_node(
     real_node_factory: RealNodeFactory,
     workload_controllers: ControlPlane,
 ) -> RealNode:
-    """A started, Ready and schedulable real node; parametrize it indirectly with a version
-    of CONTAINERD_VERSIONS to choose its containerd."""
-    version = getattr(request, "param", CONTAINERD_VERSIONS[0])
-    return real_node_factory(containerd_version=version)
+    """A started, Ready and schedulable real node; parametrize it indirectly with one of
+    NODE_RUNTIMES to choose its runtime."""
+    return real_node_factory(runtime=getattr(request, "param", NODE_RUNTIMES[0]))
 
 
 # -- failure reports ---------------------------------------------------------

@@ -24,7 +24,6 @@ from nodedra.lib.quantity import parse_quantity
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
-from tests.peers.build import CONTAINERD_VERSIONS
 from tests.peers.cgroups import cgroup_path, hierarchy_of
 from tests.peers.cluster import get_claim, pod_claim_name, poll
 from tests.peers.controlplane import ControlPlane
@@ -41,6 +40,7 @@ from tests.peers.pods import (
     workload_pod,
 )
 from tests.peers.profile import ClusterProfile
+from tests.peers.runtime import NODE_RUNTIMES
 
 POLICIES = ("topology-aware", "static")
 UNLIMITED_MEMORY = 1 << 62
@@ -158,7 +158,7 @@ def read_int(directory: Path, name: str) -> int:
 def start_nodedra(
     factory: NodedraFactory, node: RealNode, cp: ControlPlane, driver: str, **settings: Any
 ) -> NodedraProcess:
-    """nodedra on ``node``, reading this machine's topology, pinning through its containerd."""
+    """nodedra on ``node``, reading this machine's topology, pinning through its runtime."""
     nodedra = factory(
         node,
         sysfs=Path("/sys"),
@@ -171,8 +171,8 @@ def start_nodedra(
 
 
 @pytest.fixture(
-    params=[(v, p) for v in CONTAINERD_VERSIONS for p in POLICIES],
-    ids=[f"containerd-{v}-{p}" for v in CONTAINERD_VERSIONS for p in POLICIES],
+    params=[(r, p) for r in NODE_RUNTIMES for p in POLICIES],
+    ids=[f"{r}-{p}" for r in NODE_RUNTIMES for p in POLICIES],
 )
 def pinned(
     request: pytest.FixtureRequest,
@@ -181,8 +181,8 @@ def pinned(
     real_node_factory: RealNodeFactory,
     nodedra_factory: NodedraFactory,
 ) -> Pinned:
-    version, policy = request.param
-    node = real_node_factory(containerd_version=version, cdi_dir=nodedra_factory.dirs.cdi)
+    runtime, policy = request.param
+    node = real_node_factory(runtime=runtime, cdi_dir=nodedra_factory.dirs.cdi)
     nodedra_factory.write_config({"policy": policy, "reservedCPUs": RESERVED})
     nodedra = start_nodedra(nodedra_factory, node, workload_controllers, driver_name(policy))
     return Pinned(workload_controllers, namespace, node, nodedra_factory, policy, nodedra)
@@ -318,15 +318,15 @@ def test_nodedra_restarts_keep_every_cpuset(pinned: Pinned, how: signal.Signals)
     pinned.wait_runs_on("meanwhile", pinned.online - cpus)
 
 
-@pytest.mark.parametrize("daemon", ["containerd", "kubelet"])
+@pytest.mark.parametrize("daemon", ["runtime", "kubelet"])
 def test_runtime_and_kubelet_restarts_keep_every_cpuset(pinned: Pinned, daemon: str) -> None:
     pod = pinned.run_claim_pod("claimer")
     cpus, _ = pinned.grants(pinned.claim_of(pod)["metadata"]["uid"])
     pinned.create("plain")
     wait_pod_running(pinned.cp, pinned.namespace, "plain")
     pinned.wait_runs_on("plain", pinned.online - cpus)
-    if daemon == "containerd":
-        pinned.node.restart_containerd()
+    if daemon == "runtime":
+        pinned.node.restart_runtime()
     else:
         pinned.node.restart_kubelet()
         pinned.node.wait_pods_synced()

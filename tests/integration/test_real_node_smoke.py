@@ -1,9 +1,9 @@
 """Smoke tests of the real node (tests.peers.node): pods really run on this machine.
 
-For every containerd version the node runs: the kubelet registers a Ready Node; a pod runs the
-probe, whose log (read through the API server, from the kubelet) says which CPUs it may use,
-and the machine agrees (/proc/<pid>/status, the container's cpuset cgroup); restarting
-containerd and then the kubelet leaves the pod's container running; a DRA claim prepared by a
+For every runtime the node runs (NODE_RUNTIMES): the kubelet registers a Ready Node; a pod runs
+the probe, whose log (read through the API server, from the kubelet) says which CPUs it may
+use, and the machine agrees (/proc/<pid>/status, the container's cpuset cgroup); restarting
+the runtime and then the kubelet leaves the pod's container running; a DRA claim prepared by a
 driver gives the container the environment of the CDI spec the driver wrote into the node's
 CDI directory; and a stopped node leaves no process, cgroup, mount or kernel setting behind.
 """
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import GoDriverFactory, RealNodeFactory
-from tests.peers.build import CONTAINERD_VERSIONS, kubernetes_version
+from tests.peers.build import kubernetes_version
 from tests.peers.cgroups import hierarchies
 from tests.peers.cluster import get_pod, wait_for_slices, wait_pod_scheduled
 from tests.peers.controlplane import APIError, ControlPlane
@@ -40,13 +40,10 @@ from tests.peers.pods import (
     wait_reports,
     workload_pod,
 )
+from tests.peers.runtime import NODE_RUNTIMES
 
-versions = pytest.mark.parametrize(
-    "containerd_version", CONTAINERD_VERSIONS, ids=list(CONTAINERD_VERSIONS)
-)
-real_nodes = pytest.mark.parametrize(
-    "real_node", CONTAINERD_VERSIONS, ids=list(CONTAINERD_VERSIONS), indirect=True
-)
+runtimes = pytest.mark.parametrize("runtime", NODE_RUNTIMES)
+real_nodes = pytest.mark.parametrize("real_node", NODE_RUNTIMES, indirect=True)
 
 
 def _run_probe(
@@ -71,13 +68,13 @@ def test_node_registers_and_becomes_ready(real_node: RealNode, control_plane: Co
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == kubernetes_version()
     runtime = info["containerRuntimeVersion"]
-    assert runtime.startswith("containerd://"), runtime
-    assert runtime.removeprefix("containerd://").lstrip("v") == real_node.containerd_version[1:]
+    kind, version = runtime.split("://")
+    assert (kind, version.lstrip("v")) == (real_node.runtime.kind, real_node.runtime.version[1:])
     assert {"type": "InternalIP", "address": NODE_ADDRESS} in node["status"]["addresses"]
     # Registered with the node's own credentials: the Node authorizer let it create itself.
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == real_node.node_name
     assert NOT_READY_TAINT not in {t["key"] for t in node["spec"].get("taints") or []}
-    # containerd serves NRI where the node says, for plugins such as nodedra.
+    # The runtime serves NRI where the node says, for plugins such as nodedra.
     assert real_node.nri_socket.is_socket()
     # Both images are on the node, and the kubelet reports them.
     assert set(real_node.images) == {PAUSE_IMAGE, WORKLOAD_IMAGE}
@@ -112,14 +109,14 @@ def test_pod_runs_and_reports_the_cpus_it_may_use(
 
 
 @real_nodes
-def test_pod_survives_restarts_of_containerd_and_the_kubelet(
+def test_pod_survives_restarts_of_the_runtime_and_the_kubelet(
     real_node: RealNode, control_plane: ControlPlane, namespace: str
 ) -> None:
     pod, pid = _run_probe(control_plane, real_node, namespace, report_interval="500ms")
     before = len(wait_reports(control_plane, namespace, "probe", 2))
 
-    real_node.restart_containerd()
-    assert real_node.container_pid(container_id(pod)) == pid  # containerd finds it again
+    real_node.restart_runtime()
+    assert real_node.container_pid(container_id(pod)) == pid  # the runtime finds it again
     real_node.restart_kubelet()
     real_node.wait_ready()
 
@@ -143,7 +140,7 @@ def test_container_gets_the_cdi_spec_a_driver_wrote_into_the_node_cdi_dir(
 ) -> None:
     """The whole DRA path on a real node: the scheduler allocates the claim, the kubelet has
     the driver (registered in the node's registry dir) prepare it, passes the CDI device it
-    got to containerd, which applies the spec found in the node's CDI directory."""
+    got to the runtime, which applies the spec found in the node's CDI directory."""
     driver = go_driver_factory(real_node, devices=1, cdi_dir=real_node.cdi_dir)
     wait_for_slices(control_plane, real_node.node_name, driver.driver_name, 1)
     control_plane.create_if_absent(
@@ -200,18 +197,18 @@ def test_container_gets_the_cdi_spec_a_driver_wrote_into_the_node_cdi_dir(
     assert report["env"] == expected
 
 
-@versions
+@runtimes
 def test_a_stopped_node_leaves_the_machine_as_it_was(
-    containerd_version: str,
+    runtime: str,
     real_node_factory: RealNodeFactory,
     control_plane: ControlPlane,
     namespace: str,
 ) -> None:
     sysctls = {name: Path("/proc/sys", name).read_text() for name in KUBELET_SYSCTLS}
-    node = real_node_factory(containerd_version=containerd_version)
+    node = real_node_factory(runtime=runtime)
     _pod, container = _run_probe(control_plane, node, namespace)
-    daemons = [p.pid for p in (node.containerd, node.kubelet) if p is not None]
-    in_namespace = node.namespace.processes()  # holder, containerd, kubelet, shims
+    daemons = [p.pid for p in (node.runtime.process, node.kubelet) if p is not None]
+    in_namespace = node.namespace.processes()  # holder, runtime, kubelet, shims or conmons
     assert set(daemons) <= set(in_namespace)
     assert len(in_namespace) > len(daemons) + 1, "no shim in the node's mount namespace"
     assert node.cgroups.pids() >= {container}

@@ -19,10 +19,10 @@ from nodedra.dra import driver_name
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
 from tests.integration.test_node_pinning import RESERVED, Pinned, start_nodedra
-from tests.peers.build import CONTAINERD_VERSIONS
 from tests.peers.cluster import get_pod, poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.pods import WORKLOAD_CONTAINER, pod_events, wait_reports
+from tests.peers.runtime import NODE_RUNTIMES
 
 POLICY = "topology-aware"
 REFUSAL = 'required plugin "nodedra" not present'
@@ -30,7 +30,7 @@ REFUSAL = 'required plugin "nodedra" not present'
 (plugins/default-validator/default-validator.go, NRI v0.10.0 and later)."""
 
 
-@pytest.fixture(params=CONTAINERD_VERSIONS, ids=[f"containerd-{v}" for v in CONTAINERD_VERSIONS])
+@pytest.fixture(params=NODE_RUNTIMES)
 def required(
     request: pytest.FixtureRequest,
     workload_controllers: ControlPlane,
@@ -39,7 +39,7 @@ def required(
     nodedra_factory: NodedraFactory,
 ) -> Pinned:
     node = real_node_factory(
-        containerd_version=request.param, cdi_dir=nodedra_factory.dirs.cdi, require_nodedra=True
+        runtime=request.param, cdi_dir=nodedra_factory.dirs.cdi, require_nodedra=True
     )
     nodedra_factory.write_config({"policy": POLICY, "reservedCPUs": RESERVED})
     nodedra = start_nodedra(nodedra_factory, node, workload_controllers, driver_name(POLICY))
@@ -117,7 +117,7 @@ def test_containers_wait_for_nodedra_and_start_pinned(required: Pinned) -> None:
     # Away: a new pod, and the claim's container exits and is to be started again.
     pinned.create("meanwhile")
     old_claimer = container_state(pinned, "claimer")["containerID"]
-    pinned.node.ctr("tasks", "kill", "--signal", "SIGKILL", old_claimer.split("://", 1)[-1])
+    pinned.node.runtime.kill_container(old_claimer.split("://", 1)[-1])
 
     held = {
         "meanwhile": wait_refused(pinned, "meanwhile"),
@@ -143,7 +143,7 @@ def test_containers_wait_for_nodedra_and_start_pinned(required: Pinned) -> None:
     assert pinned.runs_on("meanwhile") == shared
     assert pinned.runs_on("claimer") == cpus
     print(
-        f"containerd {pinned.node.containerd_version}: refused with {message!r}; "
+        f"{pinned.node.runtime.name}: refused with {message!r}; "
         f"running {meanwhile_after:.1f} s (new pod) and {claimer_after:.1f} s (restarted "
         f"claim's container) after nodedra was ready again; claim CPUs "
         f"{format_cpu_list(cpus)}, shared {format_cpu_list(shared)}"

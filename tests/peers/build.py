@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -39,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -70,6 +71,15 @@ class PeerGroup:
     ldflags: tuple[str, ...] = ("-s", "-w")
     c_libraries: tuple[str, ...] = ()
     """pkg-config names of the C libraries a cgo build links (checked before building)."""
+    c_programs: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Binary name -> (Go module, directory in it) of a C program whose sources come with a
+    module the group requires (each ``.c`` file of the directory, compiled into one static
+    program by gcc)."""
+
+    @property
+    def binaries(self) -> list[str]:
+        """The names of everything the group builds."""
+        return [*self.packages, *self.c_programs]
 
     def source_files(self) -> list[Path]:
         """Everything that decides what this group's binaries are."""
@@ -108,6 +118,8 @@ class PeerGroup:
             digest.update(path.read_bytes() + b"\0")
         digest.update(" ".join(self.build_flags()).encode())
         digest.update(b"cgo" if self.cgo else b"static")
+        if self.c_programs:
+            digest.update(repr(sorted(self.c_programs.items())).encode())
         return digest.hexdigest()[:16]
 
     def cache_dir(self) -> Path:
@@ -306,6 +318,32 @@ def _runc_group() -> PeerGroup:
     )
 
 
+CRIO_DIR = PEERS_DIR / "crio"
+CRIO_MODULE = "github.com/cri-o/cri-o"
+
+#: The CRI-O release a real node can run instead of containerd (``crio/go.mod`` pins it).
+CRIO_VERSION = _required_version(CRIO_DIR / "go.mod", CRIO_MODULE)
+
+
+def _crio_group() -> PeerGroup:
+    # Without cgo, and with the tags of CRI-O's own Makefile that drop the C libraries this
+    # machine lacks (gpgme, btrfs, ostree): no seccomp filter of CRI-O's own (the test
+    # node's pods ask for none) and no signature checks (its images are the tests' own).
+    return PeerGroup(
+        name=f"cri-o-{CRIO_VERSION}",
+        module=CRIO_DIR,
+        packages={"crio": f"{CRIO_MODULE}/cmd/crio", "crio-import": "./cmd/crio-import"},
+        tags=(
+            "containers_image_ostree_stub",
+            "containers_image_openpgp",
+            "exclude_graphdriver_btrfs",
+            "btrfs_noversion",
+        ),
+        # CRI-O creates a pod's namespaces with pinns, a C program of its module.
+        c_programs={"pinns": (f"{CRIO_MODULE}@{CRIO_VERSION}", "pinns/src")},
+    )
+
+
 def _workloads_group() -> PeerGroup:
     return PeerGroup(
         name="workloads",
@@ -346,6 +384,7 @@ def peer_groups() -> tuple[PeerGroup, ...]:
         *(_kubernetes_group(v) for v in KUBERNETES_VERSIONS),
         *(_nri_group(v) for v in NRI_VERSIONS),
         *(_containerd_group(v) for v in CONTAINERD_VERSIONS),
+        _crio_group(),
         _runc_group(),
         _workloads_group(),
         _cni_group(),
@@ -358,6 +397,9 @@ def peer_groups() -> tuple[PeerGroup, ...]:
 NODE_PEERS: tuple[str, ...] = (
     "kubelet",
     *(containerd_peer(cmd, v) for v in CONTAINERD_VERSIONS for cmd in CONTAINERD_COMMANDS),
+    "crio",
+    "crio-import",
+    "pinns",
     "runc",
     "pause",
     "workload",
@@ -371,7 +413,7 @@ NODE_PEERS: tuple[str, ...] = (
 
 
 def _group_of(groups: Sequence[PeerGroup]) -> dict[str, PeerGroup]:
-    return {name: group for group in groups for name in group.packages}
+    return {name: group for group in groups for name in group.binaries}
 
 
 #: Environment variable that supplies each peer instead of building it.
@@ -579,8 +621,10 @@ def _report_progress(lines: Iterable[str], log: Log, transcript: TextIO, started
 
 
 def _cgo_missing(group: PeerGroup, env: Mapping[str, str]) -> list[str]:
-    """The Debian packages a cgo build of ``group`` lacks on this machine."""
+    """The Debian packages a cgo build of ``group`` (or its C programs) lacks here."""
     missing = [] if shutil.which(env.get("CC") or "gcc") else ["gcc", "libc6-dev"]
+    if not group.cgo:
+        return missing
     if not shutil.which("pkg-config"):
         missing.append("pkg-config")
     for library in group.c_libraries:
@@ -642,6 +686,8 @@ def _ensure_cgo(group: PeerGroup, names: Sequence[str], env: Mapping[str, str], 
 RUNTIME_TOOLS: Mapping[str, Mapping[str, str]] = {
     # kube-proxy's nftables mode programs the rules with the nft command.
     "kube-proxy": {"nft": "nftables"},
+    # CRI-O runs each container under conmon (Debian's, as most distributions ship it).
+    "crio": {"conmon": "conmon"},
 }
 
 
@@ -653,17 +699,63 @@ def _ensure_runtime_tools(names: Iterable[str], log: Log) -> None:
             install_debian_packages(missing, f"running {name}", log)
 
 
+def _build_c_programs(
+    go: str, group: PeerGroup, names: Sequence[str], dest: Path, *, env: Mapping[str, str], log: Log
+) -> None:
+    """Compile the C programs ``names`` of ``group`` from the sources of the module that
+    ``group``'s go.mod pins (downloaded first, as a Go build would)."""
+    for name in names:
+        module, directory = group.c_programs[name]
+        modfile = [f"-modfile={group.modfile}"] if group.modfile else []
+        found = subprocess.run(
+            [go, "mod", "download", "-json", *modfile, module],
+            cwd=group.module,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            sources = Path(json.loads(found.stdout)["Dir"]) / directory
+        except (ValueError, KeyError) as err:
+            raise PeerBuildError(
+                f"cannot find the sources of {name} in {module}: `go mod download` said "
+                f"{(found.stderr or found.stdout).strip()[-500:]} ({err}). {SUPPLY_HINT}"
+            ) from None
+        files = sorted(str(p) for p in sources.glob("*.c"))
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=".build-", dir=dest) as tmp:
+            cc = env.get("CC") or "gcc"
+            argv = [cc, "-std=c99", "-Os", "-Wall", "-Wextra", "-static", *files, "-o"]
+            done = subprocess.run(
+                [*argv, f"{tmp}/{name}"], env=env, capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise PeerBuildError(
+                    f"compiling {name} from {sources} failed: {done.stderr.strip()[-1500:]}. "
+                    + SUPPLY_HINT
+                )
+            os.replace(f"{tmp}/{name}", dest / name)
+        print(f"[peers] built {name} in {time.monotonic() - started:.0f}s", file=log, flush=True)
+
+
 def build(group: PeerGroup, names: Sequence[str], dest: Path, log: Log = sys.stderr) -> None:
     """Build the named peers of ``group`` into ``dest`` with the Go toolchain."""
     go = _find_go()
-    unknown = [n for n in names if n not in group.packages]
+    unknown = [n for n in names if n not in group.binaries]
     if unknown:
         raise ValueError(f"unknown peers of {group.name}: {unknown}")
     env = dict(os.environ)
     env["CGO_ENABLED"] = "1" if group.cgo else "0"  # static where it can be
-    if group.cgo:
-        _ensure_cgo(group, names, env, log)
+    c_names = [n for n in names if n in group.c_programs]
+    names = [n for n in names if n in group.packages]
+    if group.cgo or c_names:
+        _ensure_cgo(group, [*names, *c_names], env, log)
     dest.mkdir(parents=True, exist_ok=True)
+    if c_names:
+        _build_c_programs(go, group, c_names, dest, env=env, log=log)
+    if not names:
+        return
     transcript_path = dest / "build.log"
     print(f"[peers] building {', '.join(names)} ({group.name}) into {dest}", file=log, flush=True)
     started = time.monotonic()

@@ -174,8 +174,8 @@ class Demo:
         self.node.start()
         say(
             f"node {self.node_name} Ready in {time.monotonic() - started:.1f} s: kubelet "
-            f"{self.node.node()['status']['nodeInfo']['kubeletVersion']}, containerd "
-            f"{self.node.containerd_version}, runc; NRI on {self.node.nri_socket}"
+            f"{self.node.node()['status']['nodeInfo']['kubeletVersion']}, "
+            f"{self.node.runtime.name}, runc; NRI on {self.node.nri_socket}"
         )
         return self.node
 

@@ -1,12 +1,12 @@
-"""A real Kubernetes node on this machine: the kubelet, containerd and runc, running pods.
+"""A real Kubernetes node on this machine: the kubelet, a container runtime and runc.
 
 `RealNode` registers a Node with the test control plane and runs its pods for real: the
-kubelet (built from the same k8s.io/kubernetes module as the control plane), containerd (from
-the Go module proxy, one of `CONTAINERD_VERSIONS`) and runc. What keeps it from changing the
-machine:
+kubelet (built from the same k8s.io/kubernetes module as the control plane), a runtime
+(containerd or CRI-O, built from the Go module proxy, one of `NODE_RUNTIMES`:
+tests.peers.runtime) and runc. What keeps it from changing the machine:
 
 * **Files and kernel settings**: every path of the node lives under one working directory,
-  and containerd and the kubelet run in a mount namespace of their own
+  and the runtime and the kubelet run in a mount namespace of their own
   (`tests.peers.mountns`) that catches what they write elsewhere (``/run``, ``/var/lib``,
   ``/var/log``) and the six sysctls the kubelet would set; the mounts of pods stay in it.
 * **cgroups**: pods go below a cgroup root of the node's own in every hierarchy (`CgroupRoot`),
@@ -22,8 +22,8 @@ machine:
   work unchanged; they are bind mounts of the working directory's, which tests read.
 
 Other processes (nodedra, tests) work with the node through what it exposes: the kubelet's
-plugin registry and plugin directories, the CDI directory containerd reads, the NRI socket
-containerd serves, the containerd socket, and the pods' logs through the API server.
+plugin registry and plugin directories, the CDI directory the runtime reads, the NRI socket it
+serves, its CRI socket, and the pods' logs through the API server.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import Any
 
 from nodedra.nri.plugin import PLUGIN_NAME
-from tests.peers.build import CONTAINERD_VERSIONS, PeerBinaries
+from tests.peers.build import PeerBinaries
 from tests.peers.cgroups import node_cgroup_root, remove_stale_cgroup_roots
 from tests.peers.cluster import poll
 from tests.peers.controlplane import ControlPlane
@@ -54,13 +54,15 @@ from tests.peers.netns import NODE_ADDRESS
 from tests.peers.oci import write_image_archive
 from tests.peers.podnet import KubeProxy, install_cni
 from tests.peers.pods import (
-    PAUSE_IMAGE,
     WORKLOAD_CONTAINER,
     container_id,
     node_image_specs,
     pod_log,
 )
 from tests.peers.process import PeerProcess, PeerProcessError, tail
+from tests.peers.runtime import NODE_RUNTIMES, NodeRuntime, NodeRuntimeError, RuntimeSetting
+from tests.peers.runtime_containerd import Containerd
+from tests.peers.runtime_crio import CRIO
 
 #: The only CNI configuration of the node: a runtime with a valid network list reports its
 #: network ready; hostNetwork pods never call a plugin, so none is installed.
@@ -125,33 +127,22 @@ def _free_port(address: str) -> int:
         return port
 
 
-def _toml(value: object) -> str:
-    """A TOML value for a string, bool, int, duration or list of strings (ASCII only)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(str(value))
-
-
 class RealNode:
-    """One Kubernetes node of the test cluster, with the kubelet, containerd and runc.
+    """One Kubernetes node of the test cluster, with the kubelet, a runtime and runc.
 
-    ``start()`` prepares the cgroups and the mount namespace, starts containerd, imports the
-    pause and workload images, starts the kubelet and waits until the Node is Ready and
-    schedulable; ``stop()`` kills every pod container and daemon of the node, removes its
-    cgroups, drops its mounts and deletes the Node object, and raises NodeError if anything was
-    left behind. containerd and the kubelet can each be stopped and started again while pods
-    run (``restart_containerd``, ``restart_kubelet``).
+    ``start()`` prepares the cgroups and the mount namespace, starts the runtime (``runtime``,
+    one of NODE_RUNTIMES), imports the pause and workload images, starts the kubelet and
+    waits until the Node is Ready and schedulable; ``stop()`` kills every pod container and
+    daemon of the node, removes its cgroups, drops its mounts and deletes the Node object, and
+    raises NodeError if anything was left behind. The runtime and the kubelet can each be
+    stopped and started again while pods run (``restart_runtime``, ``restart_kubelet``).
 
     ``workdir`` must be short (Unix socket paths live below it) and must not be below
-    PRIVATE_DIRS. ``cdi_dir`` is where containerd reads CDI specs (nodedra writes them there),
-    ``nri_socket`` where containerd serves NRI; both default to paths in ``workdir``.
+    PRIVATE_DIRS. ``cdi_dir`` is where the runtime reads CDI specs (nodedra writes them there),
+    ``nri_socket`` where it serves NRI; both default to paths in ``workdir``.
     ``kubelet_config`` is merged over the node's KubeletConfiguration (top-level keys).
-    ``require_nodedra`` turns on NRI's default validator in containerd with nodedra as a
-    required plugin (README "Pinning containers"): while nodedra is not connected, containerd
+    ``require_nodedra`` turns on NRI's default validator in the runtime with nodedra as a
+    required plugin (README "Pinning containers"): while nodedra is not connected, the runtime
     refuses to create a container unless its pod carries TOLERATE_MISSING_PLUGINS_ANNOTATION.
     """
 
@@ -162,7 +153,7 @@ class RealNode:
         node_name: str,
         workdir: Path | None = None,
         *,
-        containerd_version: str = CONTAINERD_VERSIONS[0],
+        runtime: str = NODE_RUNTIMES[0],
         node_ip: str = NODE_ADDRESS,
         cdi_dir: Path | None = None,
         nri_socket: Path | None = None,
@@ -171,22 +162,19 @@ class RealNode:
         feature_gates: Mapping[str, bool] | None = None,
         kubelet_config: Mapping[str, Any] | None = None,
         kubelet_verbosity: int = 2,
-        containerd_log_level: str = "info",
+        runtime_log_level: str = "info",
         pod_network: bool = False,
         host_layout: bool = False,
         require_nodedra: bool = False,
     ) -> None:
-        if containerd_version not in CONTAINERD_VERSIONS:
-            raise ValueError(
-                f"containerd {containerd_version} is not built; choose from {CONTAINERD_VERSIONS}"
-            )
+        if runtime not in NODE_RUNTIMES:
+            raise ValueError(f"no runtime {runtime} is built; choose from {NODE_RUNTIMES}")
         self.binaries = binaries
         self.cp = cp
         self.node_name = node_name
         self.workdir = (
             workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-node-"))
         ).resolve()
-        self.containerd_version = containerd_version
         self.node_ip = node_ip
         self.cdi_dir = (cdi_dir or self.workdir / "cdi").resolve()
         self.nri_socket = (nri_socket or self.workdir / "nri" / "nri.sock").resolve()
@@ -195,7 +183,6 @@ class RealNode:
         self.feature_gates = dict(cp.feature_gates if feature_gates is None else feature_gates)
         self.kubelet_config_overrides = dict(kubelet_config or {})
         self.kubelet_verbosity = kubelet_verbosity
-        self.containerd_log_level = containerd_log_level
         self.pod_network = pod_network
         self.host_layout = host_layout
         self.require_nodedra = require_nodedra
@@ -210,9 +197,6 @@ class RealNode:
         self.namespace = MountNamespace(self.workdir)
 
         self.bin_dir = self.workdir / "bin"
-        self.containerd_dir = self.workdir / "containerd"
-        self.containerd_socket = self.containerd_dir / "containerd.sock"
-        self.containerd_config = self.containerd_dir / "config.toml"
         self.runc_root = self.workdir / "runc"
         self.cni_dir = self.workdir / "cni"
         self.images_dir = self.workdir / "images"
@@ -228,7 +212,24 @@ class RealNode:
         self.port = 0
         self.healthz_port = 0
 
-        self.containerd: PeerProcess | None = None
+        setting = RuntimeSetting(
+            binaries=binaries,
+            workdir=self.workdir,
+            bin_dir=self.bin_dir,
+            runc_root=self.runc_root,
+            cni_dir=self.cni_dir,
+            cdi_dir=self.cdi_dir,
+            nri_socket=self.nri_socket,
+            nri_registration_timeout=nri_registration_timeout,
+            nri_request_timeout=nri_request_timeout,
+            log_level=runtime_log_level,
+            required_plugin=PLUGIN_NAME if require_nodedra else None,
+            tolerate_annotation=TOLERATE_MISSING_PLUGINS_ANNOTATION,
+            namespace=self.namespace,
+            env=self._daemon_env(),
+        )
+        kind, version = runtime.rsplit("-", 1)
+        self.runtime: NodeRuntime = (CRIO if kind == "cri-o" else Containerd)(setting, version)
         self.kubelet: PeerProcess | None = None
         self.kube_proxy: KubeProxy | None = None
         self.images: dict[str, str] = {}
@@ -272,20 +273,16 @@ class RealNode:
             "/var/lib/nodedra": self.nodedra_state_dir,
         }
 
-    @property
-    def containerd_binary(self) -> Path:
-        return self.binaries.containerd(self.containerd_version)
-
     def log_paths(self) -> dict[str, Path]:
         return {
-            "containerd": self.workdir / "containerd.log",
+            self.runtime.kind: self.runtime.log_path,
             "kubelet": self.workdir / "kubelet.log",
             "mount-namespace": self.namespace.log_path,
             "kube-proxy": self.workdir / "kube-proxy.log",
         }
 
     def log_tails(self, lines: int = 40) -> dict[str, str]:
-        """The last log lines of containerd and the kubelet (for failure reports)."""
+        """The last log lines of the runtime and the kubelet (for failure reports)."""
         return {
             f"{name} of node {self.node_name} ({path})": tail(path, lines)
             for name, path in self.log_paths().items()
@@ -313,7 +310,7 @@ class RealNode:
         self._started = True
         try:
             self._prepare()
-            self.start_containerd(timeout)
+            self.start_runtime(timeout)
             self.import_images()
             self.start_kubelet(timeout)
             self.wait_ready(timeout)
@@ -337,7 +334,6 @@ class RealNode:
     def _prepare(self) -> None:
         for directory in (
             self.bin_dir,
-            self.containerd_dir,
             self.runc_root,
             self.cni_dir / "net.d",
             self.cni_dir / "bin",
@@ -353,27 +349,26 @@ class RealNode:
             *self.host_paths().values(),
         ):
             directory.mkdir(parents=True, exist_ok=True)
-        # containerd looks up its shim, and the shim runc, by their usual names.
-        links = {
-            "containerd-shim-runc-v2": self.binaries.containerd(
-                self.containerd_version, "containerd-shim-runc-v2"
-            ),
-            "runc": self.binaries.runc,
-        }
-        for name, target in links.items():
-            link = self.bin_dir / name
-            link.unlink(missing_ok=True)
-            link.symlink_to(target)
+        # The runtimes look up runc by its usual name.
+        link = self.bin_dir / "runc"
+        link.unlink(missing_ok=True)
+        link.symlink_to(self.binaries.runc)
         if self.pod_network:
             install_cni(self.binaries, self.cni_dir / "bin", self.cni_dir / "net.d")
         else:
+            # CRI-O takes a network list only where its plugins are installed.
+            loopback = self.cni_dir / "bin" / "loopback"
+            loopback.unlink(missing_ok=True)
+            loopback.symlink_to(self.binaries["loopback"])
             (self.cni_dir / "net.d" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFLIST))
-        self.containerd_config.write_text(self._containerd_toml())
+        self.runtime.prepare()
         self._write_kubelet_files()
         for stale in remove_stale_cgroup_roots():
             print(f"[node] removed the empty cgroup root of a test run that is gone: {stale}")
         self.cgroups.create()
         self.namespace.start()
+        for hidden in self.runtime.hidden:
+            self.namespace.run(["mount", "-t", "tmpfs", "-o", "ro", "nodedra-hidden", hidden])
         for shown, directory in self.host_paths().items():
             self.namespace.run(["mkdir", "-p", shown])
             self.namespace.run(["mount", "--bind", str(directory), shown])
@@ -382,8 +377,8 @@ class RealNode:
         """Stop everything of the node and check that nothing is left; idempotent.
 
         Order matters: the kubelet first (it would restart what is killed next), then every
-        process in the node's cgroups (the pods' containers), then containerd, then whatever
-        still lives in the mount namespace (the shims), and the namespace itself.
+        process in the node's cgroups (the pods' containers), then the runtime, then whatever
+        still lives in the mount namespace (the shims or conmons), and the namespace itself.
         """
         problems: list[str] = []
         if self.kube_proxy is not None:
@@ -394,8 +389,7 @@ class RealNode:
         stubborn = self.cgroups.kill_all()
         if stubborn:
             problems.append(f"processes in the node's cgroups would not die: {sorted(stubborn)}")
-        if self.containerd is not None:
-            self.stop_containerd()
+        self.runtime.stop()
         left = self.namespace.stop()
         if left:
             problems.append(f"processes left in the node's mount namespace: {left}")
@@ -424,90 +418,7 @@ class RealNode:
                 points.append(point)
         return points
 
-    # -- containerd -----------------------------------------------------------------------------
-
-    def _containerd_toml(self) -> str:
-        """containerd's configuration: every path in the working directory, CRI with runc
-        (cgroupfs, a root of its own), overlayfs, the pause image pinned, CDI from cdi_dir and
-        NRI on nri_socket."""
-        state = self.containerd_dir / "state"
-        runtime = "plugins.'io.containerd.cri.v1.runtime'"
-        v = _toml
-        return f"""\
-version = 3
-root = {v(self.containerd_dir / "root")}
-state = {v(state)}
-
-[grpc]
-  address = {v(self.containerd_socket)}
-
-[ttrpc]
-  address = {v(str(self.containerd_socket) + ".ttrpc")}
-
-[debug]
-  address = {v(self.containerd_dir / "debug.sock")}
-  level = {v(self.containerd_log_level)}
-
-[metrics]
-  address = ''
-
-[plugins.'io.containerd.internal.v1.opt']
-  path = {v(self.containerd_dir / "opt")}
-
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = '127.0.0.1'
-  stream_server_port = '0'
-
-[{runtime}]
-  # Without CAP_SYS_RESOURCE (this machine's sandbox) runc cannot lower oom_score_adj.
-  restrict_oom_score_adj = true
-  # Both would write network sysctls.
-  enable_unprivileged_ports = false
-  enable_unprivileged_icmp = false
-  cdi_spec_dirs = {v([str(self.cdi_dir)])}
-
-[{runtime}.containerd]
-  default_runtime_name = 'runc'
-
-[{runtime}.containerd.runtimes.runc]
-  runtime_type = 'io.containerd.runc.v2'
-  runtime_path = {v(self.bin_dir / "containerd-shim-runc-v2")}
-
-[{runtime}.containerd.runtimes.runc.options]
-  BinaryName = {v(self.bin_dir / "runc")}
-  Root = {v(self.runc_root)}
-  SystemdCgroup = false
-
-[{runtime}.cni]
-  bin_dirs = {v([str(self.cni_dir / "bin")])}
-  conf_dir = {v(self.cni_dir / "net.d")}
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = 'overlayfs'
-
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = {v(PAUSE_IMAGE)}
-
-[plugins.'io.containerd.nri.v1.nri']
-  disable = false
-  socket_path = {v(self.nri_socket)}
-  plugin_path = {v(self.workdir / "nri" / "plugins")}
-  plugin_config_path = {v(self.workdir / "nri" / "conf.d")}
-  plugin_registration_timeout = {v(self.nri_registration_timeout)}
-  plugin_request_timeout = {v(self.nri_request_timeout)}
-{self._nri_validator_toml() if self.require_nodedra else ""}"""
-
-    @staticmethod
-    def _nri_validator_toml() -> str:
-        """NRI's default validator requiring nodedra (by its plugin name: the validator also
-        accepts ``<index>-<name>``, but the name holds whatever index nodedra runs with)."""
-        v = _toml
-        return f"""
-[plugins.'io.containerd.nri.v1.nri'.default_validator]
-  enable = true
-  required_plugins = {v([PLUGIN_NAME])}
-  tolerate_missing_plugins_annotation = {v(TOLERATE_MISSING_PLUGINS_ANNOTATION)}
-"""
+    # -- the runtime ------------------------------------------------------------------------------
 
     def _daemon_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -516,63 +427,42 @@ state = {v(state)}
 
     def ctr(self, *args: str, namespace: str = "k8s.io", timeout: float = 60.0) -> str:
         """Run ``ctr`` against the node's containerd (in its mount namespace); its output."""
-        ctr = self.binaries.containerd(self.containerd_version, "ctr")
-        argv = [str(ctr), "--address", str(self.containerd_socket), "--namespace", namespace]
-        return self.namespace.run([*argv, *args], timeout=timeout).stdout
+        if not isinstance(self.runtime, Containerd):
+            raise NodeError(f"node {self.node_name} runs {self.runtime.name}, not containerd")
+        return self.runtime.ctr(*args, namespace=namespace, timeout=timeout)
 
-    def _containerd_serving(self) -> bool:
-        ctr = self.binaries.containerd(self.containerd_version, "ctr")
-        result = self.namespace.run(
-            [str(ctr), "--address", str(self.containerd_socket), "version"],
-            timeout=10,
-            check=False,
-        )
-        return result.returncode == 0 and "Server:" in result.stdout
-
-    def start_containerd(self, timeout: float = 60.0) -> None:
-        """Start containerd in the node's mount namespace and wait until it serves."""
-        if self.containerd is not None:
-            raise NodeError("containerd is running")
-        argv = [str(self.containerd_binary), "--config", str(self.containerd_config)]
-        self.containerd = PeerProcess(
-            f"containerd {self.containerd_version}",
-            self.namespace.enter(argv),
-            self.log_paths()["containerd"],
-            env=self._daemon_env(),
-        )
+    def start_runtime(self, timeout: float = 60.0) -> None:
+        """Start the runtime in the node's mount namespace and wait until it serves."""
         try:
-            self.containerd.wait_until(self._containerd_serving, timeout, "its API serves")
-            # NRI is served as soon as the plugin starts: plugins (nodedra) may connect.
-            self.containerd.wait_until(self.nri_socket.is_socket, timeout, "NRI socket")
-        except PeerProcessError as err:
-            self.stop_containerd()
+            self.runtime.start(timeout)
+        except NodeRuntimeError as err:
             raise NodeError(str(err)) from None
 
-    def stop_containerd(self) -> None:
-        """Stop containerd alone; containers and their shims go on running."""
-        if self.containerd is not None:
-            self.containerd.stop()
-            self.containerd = None
+    def stop_runtime(self) -> None:
+        """Stop the runtime alone; containers go on running."""
+        self.runtime.stop()
 
-    def restart_containerd(self, timeout: float = 60.0) -> None:
-        self.stop_containerd()
-        self.start_containerd(timeout)
+    def restart_runtime(self, timeout: float = 60.0) -> None:
+        self.stop_runtime()
+        self.start_runtime(timeout)
 
     def import_images(self) -> None:
         """Import the pause and workload images (OCI archives written from the peer build)."""
         for spec in node_image_specs(self.binaries):
             archive = self.images_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name) + ".tar")
             digest = write_image_archive(spec, archive)
-            self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+            self.runtime.import_image(archive, spec.name)
             self.images[spec.name] = digest
-        listed = self.ctr("images", "list", "--quiet").split()
+        listed = self.runtime.images()
         missing = [name for name in self.images if name not in listed]
         if missing:
-            raise NodeError(f"containerd does not list the imported images {missing}: {listed}")
+            raise NodeError(
+                f"{self.runtime.kind} does not list the imported images {missing}: {listed}"
+            )
 
     def import_image(self, archive: Path, timeout: float = 600.0) -> str:
         """Import an OCI image archive (tests.peers.oci's, such as nodedra's image of
-        tests.peers.image) into the node's containerd, as if the node had pulled it; returns
+        tests.peers.image) into the node's runtime, as if the node had pulled it; returns
         the image's name, which the archive's index gives."""
         try:
             with tarfile.open(archive) as tar:
@@ -586,28 +476,18 @@ state = {v(state)}
             raise NodeError(
                 f"{archive} is not an OCI image archive with a named image: {err}"
             ) from err
-        self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive), timeout=timeout)
-        listed = self.ctr("images", "list", "--quiet").split()
+        self.runtime.import_image(archive, name, timeout=timeout)
+        listed = self.runtime.images()
         if name not in listed:
-            raise NodeError(f"containerd does not list {name} after importing {archive}: {listed}")
+            raise NodeError(
+                f"{self.runtime.kind} does not list {name} after importing {archive}: {listed}"
+            )
         self.images[name] = str(manifest["digest"])
         return name
 
-    def tasks(self) -> dict[str, int]:
-        """The node's running containers: container ID -> PID on the machine (from ``ctr``)."""
-        found = {}
-        for line in self.ctr("tasks", "list").splitlines()[1:]:
-            fields = line.split()
-            if len(fields) >= 3 and fields[1].isdigit():
-                found[fields[0]] = int(fields[1])
-        return found
-
     def container_pid(self, container_id: str) -> int:
         """The PID on the machine of a container's first process."""
-        tasks = self.tasks()
-        if container_id not in tasks:
-            raise LookupError(f"containerd runs no task {container_id}; tasks: {tasks}")
-        return tasks[container_id]
+        return self.runtime.container_pid(container_id)
 
     def pod_log(self, namespace: str, name: str, container: str | None = None) -> str:
         """A container's log, read as any client would: through the API server."""
@@ -635,7 +515,7 @@ state = {v(state)}
         self.port = _free_port(self.node_ip)
         self.healthz_port = _free_port("127.0.0.1")
         config = kubelet_configuration(
-            runtime_endpoint=f"unix://{self.containerd_socket}",
+            runtime_endpoint=f"unix://{self.runtime.socket}",
             cgroup_driver="cgroupfs",
             tls_cert=str(serving.cert),
             tls_key=str(serving.key),

@@ -323,29 +323,39 @@ def test_daemonset_pod_settings() -> None:
     assert ready["port"] in ("metrics", 9464)
 
 
-def _readme_validator() -> dict[str, Any]:
-    """The containerd configuration README "Pinning containers" gives for requiring nodedra:
-    the default validator's table of its only toml block."""
+def _readme_validators() -> list[dict[str, Any]]:
+    """The configurations README "Pinning containers" gives for requiring nodedra, one per
+    runtime (its toml blocks): containerd's default validator table, and CRI-O's with its
+    keys as containerd's names them."""
     section = README.read_text().split("\n## Pinning containers\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```toml\n(.*?)```", section, re.DOTALL)
-    config = tomllib.loads(block)
-    return cast(dict[str, Any], config["plugins"]["io.containerd.nri.v1.nri"]["default_validator"])
+    containerd, crio = (tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", section, re.S))
+    crio_table = crio["crio"]["nri"]["default_validator"]
+    return [
+        containerd["plugins"]["io.containerd.nri.v1.nri"]["default_validator"],
+        {
+            "enable": crio_table["nri_enable_default_validator"],
+            "required_plugins": crio_table["nri_validator_required_plugins"],
+            "tolerate_missing_plugins_annotation": crio_table[
+                "nri_validator_tolerate_missing_plugins_annotation"
+            ],
+        },
+    ]
 
 
 def test_readme_s_validator_requires_nodedra_and_lets_the_daemonset_start() -> None:
     """Where containerd requires nodedra, nodedra's own pod must be created without it: the
     DaemonSet carries the annotation the README's configuration names, with a value the
     validator reads as true (Go's strconv.ParseBool), on the pod (all of its containers)."""
-    validator = _readme_validator()
-    assert validator["enable"] is True
-    # The validator matches a plugin by its name or by <index>-<name>: the name holds
-    # whatever index nodedra is given.
-    assert validator["required_plugins"] == [PLUGIN_NAME]
-    key = validator["tolerate_missing_plugins_annotation"]
-    annotations = _daemonset()["spec"]["template"]["metadata"].get("annotations") or {}
-    assert annotations.get(key) == "true", annotations
-    # The real node's test (test_required_plugin.py) runs with this configuration.
-    assert key == TOLERATE_MISSING_PLUGINS_ANNOTATION
+    for validator in _readme_validators():
+        assert validator["enable"] is True
+        # The validator matches a plugin by its name or by <index>-<name>: the name holds
+        # whatever index nodedra is given.
+        assert validator["required_plugins"] == [PLUGIN_NAME]
+        key = validator["tolerate_missing_plugins_annotation"]
+        annotations = _daemonset()["spec"]["template"]["metadata"].get("annotations") or {}
+        assert annotations.get(key) == "true", annotations
+        # The real node's test (test_required_plugin.py) runs with this configuration.
+        assert key == TOLERATE_MISSING_PLUGINS_ANNOTATION
 
 
 def test_daemonset_security_context() -> None:
