@@ -510,6 +510,31 @@ def test_a_pod_sharing_a_claim_created_while_nodedra_is_away_gets_its_cpus(node:
     assert node.cpus_of(second) == cpus, "and it stays there through a runtime restart"
 
 
+def test_a_container_created_during_a_synchronize_is_pinned_at_its_start(node: Node) -> None:
+    """A runtime that creates a container while it synchronizes nodedra tells it neither in
+    the Synchronize nor by CreateContainer (containerd#13698, cri-o#10090): the container's
+    StartContainer is the first nodedra hears of it, and moves it onto its claim; a container
+    without claims so created leaves the claim's CPUs."""
+    claim = start_claim_pod(node.cp, node.namespace, node.kubelet.node_name, "late", {"cpu": "2"})
+    ids = node.kubelet.prepare(node.namespace, "late")["demo"]
+    cpus, _ = node.grants(claim["metadata"]["uid"])
+    uid = get_pod(node.cp, node.namespace, "late")["metadata"]["uid"]
+    node.runtime.run_pod(PodSpec("sb-late", name="late", namespace=node.namespace, uid=uid))
+    node.runtime.run_pod(PodSpec("sb-quiet", name="quiet", namespace=node.namespace, uid="q"))
+    late = ContainerSpec(
+        "ctr-late", "sb-late", name="demo", env=cdi_env(node.factory, ids), cdi_devices=ids
+    )
+    quiet = ContainerSpec("ctr-quiet", "sb-quiet", name="main")
+    for spec in (late, quiet):
+        created = node.runtime.create_container(spec, unseen=True)
+        assert created.container.cpus == "", "NRI had no say in its creation"
+        node.runtime.start_container(spec.id)
+    node.wait_cpus("ctr-late", cpus)
+    node.wait_cpus("ctr-quiet", node.shared())
+    assert not node.shared() & cpus
+    assert "started without our having seen it created" in node.nodedra.log_text()
+
+
 HOSTILE_TEXT = st.text(max_size=40)
 CPUSET_NAME = st.one_of(
     HOSTILE_TEXT,

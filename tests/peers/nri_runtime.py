@@ -918,15 +918,26 @@ class NRIRuntime:
         )
 
     def create_container(
-        self, container: ContainerSpec, *, start: bool = False, timeout: float = DEFAULT_TIMEOUT
+        self,
+        container: ContainerSpec,
+        *,
+        start: bool = False,
+        unseen: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> CreateResult:
         """CreateContainer (then StartContainer with ``start``, as the kubelet does next).
 
         A plugin's error fails it (NRIRuntimeError); a failed start is reported in
-        ``start_error`` and leaves the container stopped.
+        ``start_error`` and leaves the container stopped. With ``unseen`` NRI hears nothing
+        of the creation, as of a container a runtime created while it synchronized a plugin
+        (containerd#13698, cri-o#10090): its start is then NRI's first word of it.
         """
         answer = self.call(
-            "create_container", timeout=timeout, container=container.to_json(), start=start
+            "create_container",
+            timeout=timeout,
+            container=container.to_json(),
+            start=start,
+            unseen=unseen,
         )
         return CreateResult.from_json(answer)
 

@@ -109,6 +109,7 @@ type request struct {
 	Resources    *resources      `json:"resources"`
 	Overhead     *resources      `json:"overhead"`
 	Start        bool            `json:"start"`
+	Unseen       bool            `json:"unseen"`
 	ExitCode     int32           `json:"exit_code"`
 	WithSpec     bool            `json:"with_spec"`
 	Count        int             `json:"count"`
@@ -168,7 +169,7 @@ func (h *harness) dispatch(ctx context.Context, req request) (map[string]any, er
 		if req.Container == nil {
 			return nil, fmt.Errorf("%w: create_container needs a container", errBadRequest)
 		}
-		res, err := h.createContainer(ctx, *req.Container, req.Start)
+		res, err := h.createContainer(ctx, *req.Container, req.Start, req.Unseen)
 		if err != nil {
 			return nil, err
 		}

@@ -548,7 +548,10 @@ type adjustJSON struct {
 // to the spec through NRI's spec generator, the container is stored, and PostCreate is
 // relayed. A plugin's error fails the creation, and NRI then hears of its stop and
 // removal.
-func (h *harness) createContainer(ctx context.Context, s containerSpec, start bool) (*createResult, error) {
+// With unseen, the container is created as a runtime creates one while it synchronizes a
+// plugin that just registered: NRI hears of it neither at its creation nor in the Synchronize
+// (containerd#13698, cri-o#10090); its StartContainer is NRI's first word of it.
+func (h *harness) createContainer(ctx context.Context, s containerSpec, start, unseen bool) (*createResult, error) {
 	h.life.RLock()
 	defer h.life.RUnlock()
 
@@ -567,7 +570,10 @@ func (h *harness) createContainer(ctx context.Context, s containerSpec, start bo
 
 	h.nriMu.Lock()
 	began := time.Now()
-	rpl, err := h.nri.CreateContainer(ctx, &api.CreateContainerRequest{Pod: nriPod, Container: nriCtr})
+	rpl, err := &api.CreateContainerResponse{}, error(nil)
+	if !unseen {
+		rpl, err = h.nri.CreateContainer(ctx, &api.CreateContainerRequest{Pod: nriPod, Container: nriCtr})
+	}
 	elapsed := time.Since(began)
 	h.setState(c.id, objCreated)
 	if err != nil {
@@ -612,8 +618,10 @@ func (h *harness) createContainer(ctx context.Context, s containerSpec, start bo
 	h.model.mu.Unlock()
 
 	h.nriMu.Lock()
-	if err := h.nri.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: nriPod, Container: nriCtr}); err != nil {
-		logf("NRI post-create notification failed: %v", err)
+	if !unseen {
+		if err := h.nri.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: nriPod, Container: nriCtr}); err != nil {
+			logf("NRI post-create notification failed: %v", err)
+		}
 	}
 	h.nriMu.Unlock()
 	block.Unblock()
