@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class RuntimeSetting:
     validator), unless the pod carries `tolerate_annotation`."""
     tolerate_annotation: str
     namespace: MountNamespace
-    env: dict[str, str]
+    env: Mapping[str, str]
 
 
 class NodeRuntime(abc.ABC):
@@ -95,6 +96,10 @@ class NodeRuntime(abc.ABC):
     def _serving(self) -> bool:
         """Whether the daemon answers on its socket."""
 
+    def _env(self) -> dict[str, str]:
+        """The daemon's environment: the node's."""
+        return dict(self.setting.env)
+
     def start(self, timeout: float = 60.0) -> None:
         """Start the daemon in the node's mount namespace; return once it serves CRI and
         NRI (plugins, nodedra among them, may connect from then on)."""
@@ -104,7 +109,7 @@ class NodeRuntime(abc.ABC):
             f"{self.kind} {self.version}",
             self.setting.namespace.enter(self._argv()),
             self.log_path,
-            env=self.setting.env,
+            env=self._env(),
         )
         try:
             self.process.wait_until(self._serving, timeout, "its API serves")

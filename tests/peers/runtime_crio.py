@@ -92,20 +92,22 @@ class CRIO(NodeRuntime):
             (self.directory / directory).mkdir(parents=True, exist_ok=True)
         (self.directory / "registries.conf").write_text(REGISTRIES_CONF)
         (self.directory / "policy.json").write_text(json.dumps(SIGNATURE_POLICY))
-        # Only what crio-import and CRI-O take from it: the same store for both.
+        # CRI-O's defaults before its own configuration: instead of the machine's
+        # /etc/containers/storage.conf, the store crio.conf names too.
         (self.directory / "storage.conf").write_text(
             "[storage]\n"
-            f'driver = "overlay"\n'
+            'driver = "overlay"\n'
             f"graphroot = {toml_value(self.storage_root)}\n"
             f"runroot = {toml_value(self.storage_runroot)}\n"
         )
         self.config_path.write_text(self._config())
-        self.setting.env.update(
-            {
-                "CONTAINERS_REGISTRIES_CONF": str(self.directory / "registries.conf"),
-                "CONTAINERS_STORAGE_CONF": str(self.directory / "storage.conf"),
-            }
-        )
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **self.setting.env,
+            "CONTAINERS_REGISTRIES_CONF": str(self.directory / "registries.conf"),
+            "CONTAINERS_STORAGE_CONF": str(self.directory / "storage.conf"),
+        }
 
     def _argv(self) -> list[str]:
         return [
