@@ -18,12 +18,18 @@ def inventory(topology: Topology, config: PolicyConfig) -> dict[str, Any]:
     """The topology's JSON plus, per policy, the devices it would publish under ``config``.
 
     ``config``'s reserved CPUs and node-allocatable switch apply to every policy; its
-    options only to its own policy.
+    options and whole cores only to its own policy.
     """
     devices = {}
     for name in POLICIES:
-        options = config.options if name == config.policy else {}
-        each = PolicyConfig(name, config.reserved_cpus, options, config.node_allocatable)
+        own = name == config.policy
+        each = PolicyConfig(
+            name,
+            config.reserved_cpus,
+            config.options if own else {},
+            config.node_allocatable,
+            config.full_physical_cores and own,
+        )
         policy = make_policy(topology, each)
         devices[name] = policy.devices()
     return {**topology.to_json(), "devices": devices}

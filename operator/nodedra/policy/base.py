@@ -126,8 +126,22 @@ class ExclusiveCPUPolicy(ABC):
 
     @property
     def grantable(self) -> frozenset[int]:
-        """The CPUs claims may get: online and not reserved."""
+        """The CPUs claims may get: online and not reserved.
+
+        With fullPhysicalCores, only those of cores no reserved CPU splits.
+        """
+        if self._config.full_physical_cores:
+            return frozenset().union(*self.whole_cores())
         return frozenset(self._topology.cpus) - self._config.reserved_cpus
+
+    def whole_cores(self) -> list[frozenset[int]]:
+        """The cores claims may get with fullPhysicalCores (their online threads), in order.
+
+        A core with a reserved thread is none of them. Empty without fullPhysicalCores.
+        """
+        if not self._config.full_physical_cores:
+            return []
+        return _whole_cores(self._topology, self._config)
 
     # What subclasses say -------------------------------------------------------------
 
@@ -150,6 +164,24 @@ class ExclusiveCPUPolicy(ABC):
     def _check_node_config(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
         """Refuse what this node cannot take of ``config``; a hook for subclasses."""
 
+    def _check_held(self, ledger: Ledger, config: PolicyConfig) -> None:
+        """Refuse ``config`` if it would not grant what ``ledger``'s claims hold.
+
+        Whole cores or single CPUs: a PolicyError says what to do.
+        """
+        for uid in sorted(ledger.uids()):
+            for grant in ledger.grants(uid):
+                if not self._granted_under(grant, config):
+                    mode = "on" if config.full_physical_cores else "off"
+                    raise PolicyError(
+                        f"claim {uid} holds device {grant.device}, which fullPhysicalCores "
+                        f"{mode} does not offer: switch it back, or release the claims first"
+                    )
+
+    def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
+        """Whether ``grant`` is of a kind ``config`` grants; a hook for subclasses."""
+        return True
+
     # The flow --------------------------------------------------------------------------
 
     def start(self, host: PolicyHost, claims: Mapping[str, Any]) -> None:
@@ -165,6 +197,7 @@ class ExclusiveCPUPolicy(ABC):
         during a rolling update.
         """
         ledger = Ledger.from_json(claims)
+        self._check_held(ledger, self._config)
         conflict = ledger.holders(self._config.reserved_cpus)
         if conflict:
             raise PolicyError(
@@ -202,6 +235,7 @@ class ExclusiveCPUPolicy(ABC):
                 "changing the policy takes a restart"
             )
         checked = self._check_config(config)
+        self._check_held(self._ledger, checked)
         held = self._ledger.holders(checked.reserved_cpus)
         if held:
             raise PolicyError(
@@ -286,5 +320,17 @@ class ExclusiveCPUPolicy(ABC):
                 f"reservedCPUs {format_cpu_list(config.reserved_cpus)} reserve every online "
                 f"CPU ({format_cpu_list(online)}): nothing would be left for claims"
             )
+        if online and config.full_physical_cores and not _whole_cores(self._topology, config):
+            raise PolicyError(
+                f"reservedCPUs {format_cpu_list(config.reserved_cpus)} split every core: "
+                "with fullPhysicalCores nothing would be left for claims"
+            )
         self._check_node_config(config)
         return config
+
+
+def _whole_cores(topology: Topology, config: PolicyConfig) -> list[frozenset[int]]:
+    """The cores (their online threads) none of whose threads ``config`` reserves."""
+    free = frozenset(topology.cpus) - config.reserved_cpus
+    cores = {cpu.core_key: cpu.siblings for cpu in topology.cpus.values()}
+    return sorted((threads for threads in cores.values() if threads <= free), key=min)

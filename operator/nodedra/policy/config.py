@@ -4,6 +4,7 @@
 policy: topology-aware      # or: static
 reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
 nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
+fullPhysicalCores: false    # static: claims get whole cores, one device per core
 options:                    # per policy, see the README
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
 ```
@@ -34,7 +35,7 @@ OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
         "static": MappingProxyType({}),
     }
 )
-_TOP_LEVEL = ("policy", "reservedCPUs", "nodeAllocatable", "options")
+_TOP_LEVEL = ("policy", "reservedCPUs", "nodeAllocatable", "fullPhysicalCores", "options")
 
 
 class ConfigError(ValueError):
@@ -50,6 +51,9 @@ class PolicyConfig:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     node_allocatable: bool = True
     """Whether devices say which node allocatable resources (cpu, memory) they stand for."""
+    full_physical_cores: bool = False
+    """Whether claims get whole physical cores only, and no thread of a claimed core goes to
+    anyone else (the kubelet's ``full-pcpus-only``)."""
 
     @property
     def reserved_memory(self) -> int:
@@ -81,8 +85,20 @@ def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
     node_allocatable = data.get("nodeAllocatable", True)
     if not isinstance(node_allocatable, bool):
         raise ConfigError(f"{source}: nodeAllocatable: must be true or false")
+    full_cores = data.get("fullPhysicalCores", False)
+    if not isinstance(full_cores, bool):
+        raise ConfigError(f"{source}: fullPhysicalCores: must be true or false")
+    if full_cores and policy != "static":
+        raise ConfigError(
+            f"{source}: fullPhysicalCores: the {policy} policy does not offer whole cores yet; "
+            "the static policy does"
+        )
     return PolicyConfig(
-        policy, reserved_cpus, _options(policy, data.get("options"), source), node_allocatable
+        policy,
+        reserved_cpus,
+        _options(policy, data.get("options"), source),
+        node_allocatable,
+        full_cores,
     )
 
 

@@ -3,6 +3,11 @@
 It needs no alpha API feature at all: a claim asks for so many devices (CPUs), picked by
 the scheduler with CEL on their attributes (NUMA node, package, core, siblings), and gets
 exactly those CPUs. Memory is not accounted; the environment names each CPU's NUMA node.
+
+With ``fullPhysicalCores`` a device is a whole physical core (its online threads) instead:
+a claim of N devices gets N cores, so no thread of a claimed core serves anyone else, and a
+claim may hold up to 32 cores (64 CPUs with two threads a core) where 32 CPUs is the most
+32 allocation results give otherwise.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from nodedra.topology.cpulist import format_cpu_list
 
 from . import allocatable
 from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
+from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
 
 _DEVICE = re.compile(r"cpu(\d{3,})")
+_CORE_DEVICE = re.compile(r"core(\d{3,})")
 
 
 def device_name(cpu: int) -> str:
@@ -27,49 +34,73 @@ def device_name(cpu: int) -> str:
     return f"cpu{cpu:03d}"
 
 
+def core_device_name(threads: frozenset[int]) -> str:
+    """The device of the core whose online threads are ``threads``: named after the first."""
+    return f"core{min(threads):03d}"
+
+
 class StaticPolicy(ExclusiveCPUPolicy):
-    """Exclusive CPUs, one device each."""
+    """Exclusive CPUs, one device each (or whole cores, one device each)."""
 
     name = "static"
 
     def devices(self) -> list[Device]:
-        """One device per grantable CPU, in CPU order."""
-        devices = []
-        for cpu_id in sorted(self.grantable):
-            cpu = self._topology.cpus[cpu_id]
-            attributes: dict[str, dict[str, object]] = {
-                NUMA_NODE_ATTRIBUTE: {"int": cpu.node},
-                "package": {"int": cpu.package},
-                "die": {"int": cpu.die},
-                "core": {"int": cpu.core},
-                "siblings": {"string": format_cpu_list(cpu.siblings)},
-            }
-            if cpu.cluster is not None:
-                attributes["cluster"] = {"int": cpu.cluster}
-            if cpu.core_type is not None:
-                attributes["coreType"] = {"string": cpu.core_type}
-            device: Device = {"name": device_name(cpu_id), "attributes": attributes}
-            if self._config.node_allocatable:  # each CPU device is one of the node's cpu
-                device[allocatable.FIELD] = allocatable.checked(
-                    {"cpu": allocatable.per_device()}, device
-                )
-            devices.append(device)
-        return devices
+        """One device per grantable CPU (or whole core), in CPU order."""
+        if self._config.full_physical_cores:
+            return [self._device(core) for core in self.whole_cores()]
+        return [self._device(frozenset({cpu})) for cpu in sorted(self.grantable)]
 
-    def _cpu(self, result: AllocationResult) -> int:
-        match = _DEVICE.fullmatch(result.device)
+    def _device(self, cpus: frozenset[int]) -> Device:
+        first = self._topology.cpus[min(cpus)]
+        attributes: dict[str, dict[str, object]] = {
+            NUMA_NODE_ATTRIBUTE: {"int": first.node},
+            "package": {"int": first.package},
+            "die": {"int": first.die},
+            "core": {"int": first.core},
+            "siblings": {"string": format_cpu_list(first.siblings)},
+        }
+        if first.cluster is not None:
+            attributes["cluster"] = {"int": first.cluster}
+        if first.core_type is not None:
+            attributes["coreType"] = {"string": first.core_type}
+        if self._config.full_physical_cores:
+            attributes["threads"] = {"int": len(cpus)}
+            name = core_device_name(cpus)
+        else:
+            name = device_name(first.id)
+        device: Device = {"name": name, "attributes": attributes}
+        if self._config.node_allocatable:  # a device is as many of the node's cpu as threads
+            device[allocatable.FIELD] = allocatable.checked(
+                {"cpu": allocatable.per_device(str(len(cpus)))}, device
+            )
+        return device
+
+    def _cpus(self, device: str) -> frozenset[int]:
+        """The CPUs of ``device``, one of ours under the configuration in force."""
+        if self._config.full_physical_cores:
+            for core in self.whole_cores():
+                if core_device_name(core) == device:
+                    return core
+            raise PolicyError(f"unknown device {device}")
+        match = _DEVICE.fullmatch(device)
         cpu = int(match.group(1)) if match else -1
-        if cpu not in self.grantable or device_name(cpu) != result.device:
-            raise PolicyError(f"unknown device {result.device}")
-        return cpu
+        if cpu not in self.grantable or device_name(cpu) != device:
+            raise PolicyError(f"unknown device {device}")
+        return frozenset({cpu})
 
     def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
-        cpu = self._cpu(result)
-        holder = self._ledger.holders([cpu])
-        if holder or cpu in taken:
-            raise PolicyError(f"CPU {cpu} is held by claim {holder.get(cpu, 'this claim')}")
-        node = self._topology.cpus[cpu].node
-        return Grant(result.request, result.device, frozenset({cpu}), 0, frozenset({node}))
+        cpus = self._cpus(result.device)
+        holders = self._ledger.holders(cpus)
+        if holders or cpus & taken:
+            holder = ", ".join(sorted(set(holders.values()))) or "this claim"
+            what = f"CPUs {format_cpu_list(cpus)} are" if len(cpus) > 1 else f"CPU {min(cpus)} is"
+            raise PolicyError(f"{what} held by claim {holder}")
+        nodes = frozenset(self._topology.cpus[cpu].node for cpu in cpus)
+        return Grant(result.request, result.device, cpus, 0, nodes)
 
     def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        return grant.cpus == {self._cpu(result)}
+        return grant.cpus == self._cpus(result.device)
+
+    def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
+        pattern = _CORE_DEVICE if config.full_physical_cores else _DEVICE
+        return pattern.fullmatch(grant.device) is not None

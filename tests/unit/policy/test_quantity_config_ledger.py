@@ -69,6 +69,8 @@ def test_full_config(tmp_path: Path) -> None:
     assert config.reserved_cpus == {0, 1, 8}
     assert config.reserved_memory == 2 << 30
     assert parse_config({"policy": "static", "reservedCPUs": 3}).reserved_cpus == {3}
+    assert not config.full_physical_cores
+    assert parse_config({"policy": "static", "fullPhysicalCores": True}).full_physical_cores
 
 
 @pytest.mark.parametrize(
@@ -88,6 +90,8 @@ def test_full_config(tmp_path: Path) -> None:
         ({"options": {"reservedMemory": "lots"}}, "not a quantity"),
         ({"options": {"reservedMemory": "-1Gi"}}, "not a whole, non-negative number of bytes"),
         ({"options": {"reservedMemory": "0.5"}}, "not a whole, non-negative number of bytes"),
+        ({"policy": "static", "fullPhysicalCores": "yes"}, "fullPhysicalCores: must be true"),
+        ({"fullPhysicalCores": True}, "the topology-aware policy does not offer whole cores"),
     ],
 )
 def test_bad_config(data: object, message: str) -> None:

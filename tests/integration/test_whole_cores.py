@@ -1,0 +1,85 @@
+"""Whole physical cores (``fullPhysicalCores``, static policy) through the real API server,
+scheduler and the kubelet's DRA code.
+
+nodedra reads the 56-CPU fixture machine (28 cores of two threads); the node is the test
+cluster's (allocatable: 8 CPUs), with the kubelet harness. A device is a core: the API server
+takes the slices, the scheduler counts each core as its two threads against the node, and a
+claim of 20 cores is prepared as 40 CPUs, more than 32 allocation results of single CPUs
+could hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodedra.resmgr import Checkpoint
+from nodedra.topology import parse_cpu_list
+from tests.conftest import NodedraFactory
+from tests.integration.test_node_allocatable import (
+    GATE,
+    NODE_CPUS,
+    accounted,
+    claim_name,
+    create,
+    create_claim_pod,
+    kubelet,  # noqa: F401 (fixture)
+    ordinary_pod,
+    published_devices,
+    start_nodedra,
+    wait_accounted,
+    wait_unschedulable,
+)
+from tests.peers.cluster import wait_pod_scheduled
+from tests.peers.controlplane import ControlPlane
+from tests.peers.kubelet import KubeletHarness
+from tests.peers.nodedra_node import STATIC
+from tests.peers.profile import ClusterProfile
+
+WHOLE_CORES: dict[str, Any] = {"policy": "static", "fullPhysicalCores": True}
+
+
+def test_a_core_is_a_device_and_counts_its_threads_against_the_node(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,  # noqa: F811 (fixture)
+    nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
+) -> None:
+    """27 cores are offered (CPU 0 is reserved, and with it its core); a claim of two
+    devices holds two cores, which the scheduler accounts as 4 of the node's CPUs."""
+    cp, node = workload_controllers, kubelet.node_name
+    start_nodedra(nodedra_factory, cp, kubelet, WHOLE_CORES)
+    devices = published_devices(cp, node, STATIC)
+    assert len(devices) == 27
+    assert {d["attributes"]["threads"]["int"] for d in devices} == {2}
+    if not cluster_profile.on(GATE):
+        return
+    create_claim_pod(cp, namespace, node, "claimer", STATIC, count=2)
+    pod = wait_accounted(cp, namespace, "claimer")
+    assert accounted(pod) == {claim_name(pod): {"cpu": 4}}
+    create(cp, namespace, ordinary_pod("too-many", node, {"cpu": str(NODE_CPUS - 3)}))
+    assert "Insufficient cpu" in wait_unschedulable(cp, namespace, "too-many")
+    create(cp, namespace, ordinary_pod("the-rest", node, {"cpu": str(NODE_CPUS - 4)}))
+    wait_pod_scheduled(cp, namespace, "the-rest")
+
+
+def test_a_claim_of_twenty_cores_holds_forty_cpus(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,  # noqa: F811 (fixture)
+    nodedra_factory: NodedraFactory,
+) -> None:
+    """Prepared through the kubelet's DRA manager: 20 results, 40 CPUs, each core whole.
+    (The node's 8 allocatable CPUs could not take 40: the devices map none here.)"""
+    cp, node = workload_controllers, kubelet.node_name
+    start_nodedra(nodedra_factory, cp, kubelet, {**WHOLE_CORES, "nodeAllocatable": False})
+    create_claim_pod(cp, namespace, node, "big", STATIC, count=20)
+    wait_pod_scheduled(cp, namespace, "big")
+    (ids,) = kubelet.prepare(namespace, "big").values()
+    assert len(ids) == 20
+    state = Checkpoint(nodedra_factory.dirs.checkpoint).load()
+    assert state is not None
+    ((uid, held),) = state.claims.items()
+    cpus = [parse_cpu_list(g["cpus"]) for g in held["grants"]]
+    assert [len(c) for c in cpus] == [2] * 20, f"claim {uid}: every result a whole core"
+    assert len(frozenset().union(*cpus)) == 40
