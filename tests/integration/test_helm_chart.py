@@ -435,6 +435,12 @@ def test_values_reach_the_config_and_the_daemonset(tools: Tools, tmp_path: Path)
     assert metrics_port(rendered) == 9500
 
 
+def test_whole_cores_reach_the_config(tools: Tools, tmp_path: Path) -> None:
+    rendered = tools.template("nodedra", "--set", "policy=static,fullPhysicalCores=true")
+    config = config_of(rendered, tmp_path)
+    assert (config.policy, config.full_physical_cores) == ("static", True)
+
+
 def test_options_node_allocatable_and_the_rest(tools: Tools, tmp_path: Path) -> None:
     rendered = tools.template(
         "nodedra",
@@ -512,6 +518,7 @@ BAD_VALUES = [
     ("pinning=always", 'pinning: "always" is not one of required, best-effort, off'),
     ("logFormat=xml", 'logFormat: "xml" is not one of text, json'),
     ("nodeAllocatable=maybe", 'nodeAllocatable: "maybe" is not true or false'),
+    ("fullPhysicalCores=maybe", 'fullPhysicalCores: "maybe" is not true or false'),
     ("metrics.address=", 'metrics.address: "" is not host:port'),
     ("metrics.address=0.0.0.0:0", 'metrics.address: "0.0.0.0:0" is not host:port'),
     ("metrics.address=9464", 'metrics.address: "9464" is not host:port'),

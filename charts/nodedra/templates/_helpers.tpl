@@ -41,6 +41,16 @@ The checked nodeAllocatable.
 {{- end }}
 
 {{/*
+The checked fullPhysicalCores.
+*/}}
+{{- define "nodedra.fullPhysicalCores" -}}
+{{- if not (kindIs "bool" .Values.fullPhysicalCores) -}}
+{{- fail (printf "fullPhysicalCores: %q is not true or false" (toString .Values.fullPhysicalCores)) -}}
+{{- end -}}
+{{ .Values.fullPhysicalCores }}
+{{- end }}
+
+{{/*
 The checked pinning mode.
 */}}
 {{- define "nodedra.pinning" -}}
