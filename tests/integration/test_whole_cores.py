@@ -1,11 +1,11 @@
-"""Whole physical cores (``fullPhysicalCores``, static policy) through the real API server,
-scheduler and the kubelet's DRA code.
+"""Whole physical cores (``fullPhysicalCores``) through the real API server, scheduler and
+the kubelet's DRA code.
 
 nodedra reads the 56-CPU fixture machine (28 cores of two threads); the node is the test
-cluster's (allocatable: 8 CPUs), with the kubelet harness. A device is a core: the API server
-takes the slices, the scheduler counts each core as its two threads against the node, and a
-claim of 20 cores is prepared as 40 CPUs, more than 32 allocation results of single CPUs
-could hold.
+cluster's (allocatable: 8 CPUs), with the kubelet harness. Static: a device is a core, the
+scheduler counts each core as its two threads against the node, and a claim of 20 cores is
+prepared as 40 CPUs, more than 32 allocation results of single CPUs could hold.
+Topology-aware: the scheduler rounds a claim of 3 CPUs up to a core's step, 4, and counts 4.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.integration.test_node_allocatable import (
 from tests.peers.cluster import wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.nodedra_node import STATIC
+from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE
 from tests.peers.profile import ClusterProfile
 
 WHOLE_CORES: dict[str, Any] = {"policy": "static", "fullPhysicalCores": True}
@@ -83,3 +83,35 @@ def test_a_claim_of_twenty_cores_holds_forty_cpus(
     cpus = [parse_cpu_list(g["cpus"]) for g in held["grants"]]
     assert [len(c) for c in cpus] == [2] * 20, f"claim {uid}: every result a whole core"
     assert len(frozenset().union(*cpus)) == 40
+
+
+def test_a_topology_aware_claim_of_three_cpus_gets_two_whole_cores(
+    workload_controllers: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,  # noqa: F811 (fixture)
+    nodedra_factory: NodedraFactory,
+    cluster_profile: ClusterProfile,
+) -> None:
+    """The device's cpu capacity steps by a core: the real scheduler records 4 CPUs consumed
+    for a request of 3 (and, with the node-allocatable gate, counts 4 against the node); the
+    policy grants two whole cores."""
+    cp, node = workload_controllers, kubelet.node_name
+    start_nodedra(
+        nodedra_factory, cp, kubelet, {"policy": "topology-aware", "fullPhysicalCores": True}
+    )
+    create_claim_pod(
+        cp, namespace, node, "three", TOPOLOGY_AWARE, capacity={"cpu": "3", "memory": "64Mi"}
+    )
+    pod = wait_pod_scheduled(cp, namespace, "three")
+    if cluster_profile.on(GATE):
+        pod = wait_accounted(cp, namespace, "three")
+        assert accounted(pod)[claim_name(pod)]["cpu"] == 4
+    (ids,) = kubelet.prepare(namespace, "three").values()
+    assert ids
+    state = Checkpoint(nodedra_factory.dirs.checkpoint).load()
+    assert state is not None
+    ((_, held),) = state.claims.items()
+    ((grant),) = held["grants"]
+    cpus = parse_cpu_list(grant["cpus"])
+    assert len(cpus) == 4
+    assert int(grant["memory"]) == 64 << 20

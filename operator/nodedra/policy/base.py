@@ -174,8 +174,9 @@ class ExclusiveCPUPolicy(ABC):
                 if not self._granted_under(grant, config):
                     mode = "on" if config.full_physical_cores else "off"
                     raise PolicyError(
-                        f"claim {uid} holds device {grant.device}, which fullPhysicalCores "
-                        f"{mode} does not offer: switch it back, or release the claims first"
+                        f"claim {uid} holds CPUs {format_cpu_list(grant.cpus)} of device "
+                        f"{grant.device}, which fullPhysicalCores {mode} would not grant: "
+                        "switch it back, or release the claims first"
                     )
 
     def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:

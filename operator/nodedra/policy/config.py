@@ -4,7 +4,7 @@
 policy: topology-aware      # or: static
 reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
 nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
-fullPhysicalCores: false    # static: claims get whole cores, one device per core
+fullPhysicalCores: false    # claims get whole physical cores only
 options:                    # per policy, see the README
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
 ```
@@ -88,11 +88,6 @@ def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
     full_cores = data.get("fullPhysicalCores", False)
     if not isinstance(full_cores, bool):
         raise ConfigError(f"{source}: fullPhysicalCores: must be true or false")
-    if full_cores and policy != "static":
-        raise ConfigError(
-            f"{source}: fullPhysicalCores: the {policy} policy does not offer whole cores yet; "
-            "the static policy does"
-        )
     return PolicyConfig(
         policy,
         reserved_cpus,

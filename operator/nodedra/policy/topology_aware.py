@@ -4,6 +4,13 @@ A claim asks a NUMA node's device for so many CPUs and so much memory; the polic
 CPUs inside that node, whole cores first, and accounts the memory to the node. One device
 per node keeps the slices small (a 2-socket machine publishes 2 to 8 devices, not hundreds)
 and lets the scheduler place a claim by node with the standard numaNode attribute.
+
+With ``fullPhysicalCores`` a device offers only the node's whole cores, and its ``cpu``
+capacity is taken a core at a time (``validRange`` from one core in steps of one core): the
+scheduler rounds a claim of 3 CPUs up to 4 on a machine with two threads a core, records 4,
+and counts 4 against the node; the policy grants two whole cores. Where a node's cores differ
+in size (a hybrid machine, an offline thread) the step is one CPU, and a count that whole
+free cores cannot make exactly is refused at prepare.
 """
 
 from __future__ import annotations
@@ -52,9 +59,18 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         offered = max(node.memory - self._config.reserved_memory, 0)
         return offered - offered % MEMORY_STEP
 
+    def _core_size(self, node: NUMANode) -> int:
+        """CPUs a claim on ``node`` takes at a time.
+
+        A core's with fullPhysicalCores where all of the node's cores are alike, else one.
+        """
+        sizes = {len(core) for core in self.whole_cores() if core <= node.cpus}
+        return sizes.pop() if len(sizes) == 1 else 1
+
     def _device(self, node: NUMANode) -> Device:
         cpus = sorted(node.cpus & self.grantable)
         first = self._topology.cpus[cpus[0]]
+        step = self._core_size(node)
         device: Device = {
             "name": device_name(node.id),
             "attributes": {
@@ -63,13 +79,15 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 "smtEnabled": {"bool": self._topology.smt_enabled},
             },
             "capacity": {
-                CPU_CAPACITY: _capacity_of(len(cpus), minimum=1, step=1),
+                CPU_CAPACITY: _capacity_of(len(cpus), minimum=step, step=step),
                 MEMORY_CAPACITY: _capacity_of(
                     self.offered_memory(node), minimum=0, step=MEMORY_STEP
                 ),
             },
             "allowMultipleAllocations": True,
         }
+        if self._config.full_physical_cores:
+            device["attributes"]["fullPhysicalCores"] = {"bool": True}
         if self._config.node_allocatable:  # what a claim consumes is the node's cpu and memory
             device[allocatable.FIELD] = allocatable.checked(
                 {
@@ -126,7 +144,25 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 f"{bytes_} bytes of memory asked for, only {memory_free} free on {result.device}"
             )
         picked = pick_cpus(self._topology, free, cpus)
+        if not self._whole(picked):
+            raise PolicyError(
+                f"{cpus} CPUs are no whole number of the free cores of {result.device}"
+            )
         return Grant(result.request, result.device, picked, bytes_, frozenset({node.id}))
+
+    def _whole(self, cpus: frozenset[int]) -> bool:
+        """Whether ``cpus`` are whole cores, or need not be (without fullPhysicalCores)."""
+        return not self._config.full_physical_cores or all(
+            core <= cpus for core in self.whole_cores() if core & cpus
+        )
+
+    def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
+        if not config.full_physical_cores:
+            return True
+        cores = {
+            self._topology.cpus[cpu].siblings for cpu in grant.cpus if cpu in self._topology.cpus
+        }
+        return all(core <= grant.cpus for core in cores)
 
     def _matches(self, result: AllocationResult, grant: Grant) -> bool:
         wants = self._wants(result, self._node(result))

@@ -171,7 +171,7 @@ def test_switching_whole_cores_is_refused_while_claims_are_held() -> None:
     p.allocate_claim(claim("a"), [cpu("cpu001")])
     whole = parse_config({"policy": "static", "fullPhysicalCores": True})
     with pytest.raises(
-        PolicyError, match="claim a holds device cpu001, which fullPhysicalCores on"
+        PolicyError, match="claim a holds CPUs 1 of device cpu001, which fullPhysicalCores on"
     ):
         p.reconfigure(whole)
     assert not p.config.full_physical_cores

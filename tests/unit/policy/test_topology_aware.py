@@ -245,3 +245,62 @@ def test_restore_refuses_reserving_claimed_cpus() -> None:
     again = TopologyAwarePolicy(topology(TWO_SOCKETS), PolicyConfig(reserved_cpus=frozenset({cpu})))
     with pytest.raises(PolicyError, match="held by claims"):
         again.start(Host(), p.snapshot())
+
+
+# Whole physical cores (fullPhysicalCores) ------------------------------------------------
+
+
+def is_whole(topo: Topology, cpus: frozenset[int]) -> bool:
+    return all(topo.cpus[c].siblings <= cpus for c in cpus)
+
+
+def test_whole_cores_are_taken_a_core_at_a_time() -> None:
+    """SMT2: the cpu capacity starts at a core and steps by a core (the scheduler rounds 3 up
+    to 4), and the core of a reserved thread is not offered."""
+    topo = topology(TWO_SOCKETS)
+    p = policy(reservedCPUs="0", fullPhysicalCores=True)
+    first = min(topo.nodes.values(), key=lambda n: n.id)
+    device = next(d for d in p.devices() if d["name"] == device_name(first.id))
+    offered = first.cpus - topo.cpus[0].siblings
+    assert device["capacity"]["cpu"] == {
+        "value": str(len(offered)),
+        "requestPolicy": {"default": "2", "validRange": {"min": "2", "step": "2"}},
+    }
+    assert device["attributes"]["fullPhysicalCores"] == {"bool": True}
+    p.allocate_claim(claim("a"), [ask(device["name"], cpu="4")])
+    assert len(cpus_of(p, "a")) == 4
+    assert is_whole(topo, cpus_of(p, "a"))
+    assert not cpus_of(p, "a") & topo.cpus[0].siblings
+    with pytest.raises(PolicyError, match="3 CPUs are no whole number of the free cores"):
+        p.allocate_claim(claim("b"), [ask(device["name"], cpu="3")])
+    assert p.claim_uids() == {"a"}
+
+
+def test_whole_cores_on_a_hybrid_node_step_by_one_cpu() -> None:
+    """P-cores of two threads beside E-cores of one: any count whole cores make is granted."""
+    topo = topology("hybrid-pe")
+    p = policy("hybrid-pe", fullPhysicalCores=True)
+    (device,) = p.devices()
+    assert device["capacity"]["cpu"]["requestPolicy"]["validRange"] == {"min": "1", "step": "1"}
+    p.allocate_claim(claim("a"), [ask(device["name"], cpu="3")])
+    assert len(cpus_of(p, "a")) == 3
+    assert is_whole(topo, cpus_of(p, "a"))
+    p.allocate_claim(claim("b"), [ask(device["name"], cpu="4")])
+    assert len(cpus_of(p, "b")) == 4
+    assert is_whole(topo, cpus_of(p, "b"))
+
+
+def test_switching_whole_cores_on_is_refused_while_a_claim_holds_half_a_core() -> None:
+    topo = topology(TWO_SOCKETS)
+    host = Host()
+    p = policy(host=host)
+    dev = device_name(min(topo.nodes))
+    p.allocate_claim(claim("half"), [ask(dev, cpu="1")])
+    whole = parse_config({"policy": "topology-aware", "fullPhysicalCores": True})
+    with pytest.raises(PolicyError, match=r"claim half holds CPUs .* would not grant"):
+        p.reconfigure(whole)
+    p.release_claim("half")
+    p.allocate_claim(claim("two"), [ask(dev, cpu="2")])  # one whole core
+    p.reconfigure(whole)
+    assert p.config.full_physical_cores
+    p.reconfigure(parse_config({"policy": "topology-aware"}))  # off: always fine
