@@ -158,9 +158,20 @@ class Events:
         self._pods, self._containers = [], []
 
     def wait_idle(self) -> None:
-        """Wait until no event is being handled."""
+        """Wait until no event is being handled or answered."""
         with self._busy:
             self._busy.wait_for(lambda: not self._handling)
+
+    def answered(self) -> None:
+        """The answer of the event handled last is on the wire (the connection's hook).
+
+        Only now may an update follow: one that reaches the runtime before the answer can
+        wait for the runtime's NRI lock while the event holding it waits for the answer
+        (seen with NRI v0.8's runtime side, when a StartContainer asked for an update).
+        """
+        with self._busy:
+            self._handling = False
+            self._busy.notify_all()
 
     def handle(self, call: Call) -> bytes:
         """Answer one call (ttrpc's handler); RPCError for what we do not serve."""
@@ -181,9 +192,6 @@ class Events:
                 raise RPCError(INVALID_ARGUMENT, f"Configure: {err}") from err
             answer = self._answer_despite(call, err)
         finally:
-            with self._busy:
-                self._handling = False
-                self._busy.notify_all()
             if self._observer is not None:
                 self._observer.event_done(call.method, result, time.monotonic() - started)
         return answer.SerializeToString()

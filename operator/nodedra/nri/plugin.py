@@ -164,7 +164,9 @@ class NRIPlugin:
         except OSError:
             sock.close()
             raise
-        connection = Connection(sock, self._events.handle, name="nri")
+        connection = Connection(
+            sock, self._events.handle, name="nri", on_answered=self._events.answered
+        )
         with self._cond:
             if self._stopping:
                 sock.close()

@@ -86,9 +86,17 @@ Handler = Callable[[Call], bytes]
 class Connection:
     """One connection to the runtime's NRI socket, until it closes."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, name: str = "nri") -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        handler: Handler,
+        name: str = "nri",
+        on_answered: Callable[[], None] = lambda: None,
+    ) -> None:
         self._sock = sock
         self._handler = handler
+        self._on_answered = on_answered
+        """Called once each call's answer is on the wire (or the connection is gone)."""
         self._name = name
         self._write_lock = threading.Lock()
         self._stream_ids = itertools.count(1, 2)
@@ -234,26 +242,35 @@ class Connection:
             future.set_result(response.payload)
 
     def _serve(self) -> None:
-        while (message := self._requests.get()) is not None:
-            if self._closed.is_set():
-                return  # nobody to answer: the runtime forgets what it asked on this one
-            try:
-                request = ttrpc_pb2.Request.FromString(message.payload)
-            except Exception as err:
-                self._respond_error(message.stream_id, RPCError(INVALID_ARGUMENT, str(err)))
-                continue
-            timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
-            call = Call(request.service, request.method, request.payload, timeout)
-            try:
-                payload = self._handler(call)
-            except RPCError as err:
-                self._respond_error(message.stream_id, err)
-                continue
-            except Exception as err:  # a bug of ours: the runtime must still get an answer
-                log.exception("NRI: handling %s.%s failed", call.service, call.method)
-                self._respond_error(message.stream_id, RPCError(INTERNAL, str(err)))
-                continue
-            self._respond(message.stream_id, ttrpc_pb2.Response(payload=payload))
+        try:
+            while (message := self._requests.get()) is not None:
+                if self._closed.is_set():
+                    return  # nobody to answer: the runtime forgets what it asked on this one
+                try:
+                    self._serve_one(message)
+                finally:
+                    self._on_answered()
+        finally:
+            self._on_answered()
+
+    def _serve_one(self, message: Message) -> None:
+        try:
+            request = ttrpc_pb2.Request.FromString(message.payload)
+        except Exception as err:
+            self._respond_error(message.stream_id, RPCError(INVALID_ARGUMENT, str(err)))
+            return
+        timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
+        call = Call(request.service, request.method, request.payload, timeout)
+        try:
+            payload = self._handler(call)
+        except RPCError as err:
+            self._respond_error(message.stream_id, err)
+            return
+        except Exception as err:  # a bug of ours: the runtime must still get an answer
+            log.exception("NRI: handling %s.%s failed", call.service, call.method)
+            self._respond_error(message.stream_id, RPCError(INTERNAL, str(err)))
+            return
+        self._respond(message.stream_id, ttrpc_pb2.Response(payload=payload))
 
     def _respond_error(self, stream_id: int, err: RPCError) -> None:
         status = ttrpc_pb2.Status(code=err.code, message=err.message)
