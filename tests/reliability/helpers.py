@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from nodedra.dra import (
     ClaimRef,
     ClusterAPI,
     KubeClusterAPI,
+    MetadataStore,
     PrepareResult,
     RequestObserver,
 )
@@ -350,6 +352,13 @@ def spec_cpusets(path: Path) -> list[str]:
     return found
 
 
+def metadata_cpus(path: Path) -> list[str]:
+    """The CPUs a metadata file tells each device of its request it got (first version)."""
+    first, _ = json.JSONDecoder().raw_decode(path.read_text())
+    (request,) = first["requests"]
+    return [device["attributes"]["cpus"]["string"] for device in request["devices"]]
+
+
 def state_of(manager: ResourceManager) -> dict[str, Any]:
     """One consistent cut of a node's books, as JSON, taken under the owner's lock."""
     with manager:
@@ -358,11 +367,12 @@ def state_of(manager: ResourceManager) -> dict[str, Any]:
             manager.checkpoint.load(),
             manager.plugin.cdi,
             manager.checkpoint.path.parent,
+            manager.plugin.metadata,
         )
 
 
 def state_on_disk(
-    checkpoint: Path, cdi_dir: Path, config: PolicyConfig, sysfs: Path = SYSFS
+    checkpoint: Path, cdi_dir: Path, plugin_dir: Path, config: PolicyConfig, sysfs: Path = SYSFS
 ) -> dict[str, Any]:
     """A node's books as its files say (for a nodedra that runs as a process of its own).
 
@@ -373,13 +383,24 @@ def state_on_disk(
     saved = Checkpoint(checkpoint).load()
     if saved is not None:
         policy.restore(saved.claims)
-    return books(policy, saved, CDIStore(policy_driver(policy.name), cdi_dir), checkpoint.parent)
+    driver = policy_driver(policy.name)
+    return books(
+        policy,
+        saved,
+        CDIStore(driver, cdi_dir),
+        checkpoint.parent,
+        MetadataStore(driver, plugin_dir),
+    )
 
 
 def books(
-    policy: ExclusiveCPUPolicy, saved: State | None, cdi: CDIStore, state_dir: Path
+    policy: ExclusiveCPUPolicy,
+    saved: State | None,
+    cdi: CDIStore,
+    state_dir: Path,
+    metadata: MetadataStore,
 ) -> dict[str, Any]:
-    """The books as JSON: what the policy holds, the checkpoint, the CDI specs, leftovers."""
+    """The books as JSON: the policy's claims, the checkpoint, CDI specs, metadata, leftovers."""
     return {
         "policy": policy.name,
         "claims": policy.snapshot(),
@@ -391,9 +412,13 @@ def books(
         "free": format_cpu_list(policy.free_cpus()),
         "reserved": format_cpu_list(policy.config.reserved_cpus),
         "specs": {uid: spec_cpusets(cdi.spec_path(uid)) for uid in cdi.claim_uids()},
+        "metadata": {
+            uid: [metadata_cpus(path) for path in paths]
+            for uid, paths in metadata.claim_uids().items()
+        },
         "stray_files": sorted(
             p.name
-            for directory in (cdi.directory, state_dir)
+            for directory in (cdi.directory, state_dir, *metadata.directory.glob("*/*/"))
             for p in (directory.iterdir() if directory.is_dir() else ())
             if p.suffix == ".tmp"
         ),
@@ -442,10 +467,15 @@ def check_state(state: Mapping[str, Any], *, every_claim_has_a_spec: bool = True
     reserved = parse_cpu_list(state["reserved"])
     assert not held & reserved, f"reserved CPUs {format_cpu_list(held & reserved)} are held"
     assert set(state["specs"]) <= set(claims), "CDI specs of claims nobody holds are left"
+    assert set(state["metadata"]) <= set(claims), "device metadata of claims nobody holds is left"
+    assert set(state["specs"]) <= set(state["metadata"]), "a CDI spec mounts missing metadata"
     if every_claim_has_a_spec:
         assert set(state["specs"]) == set(claims), "claims held have no CDI spec"
     for uid, cpusets in state["specs"].items():
         assert cpusets == [format_cpu_list(c) for c in held_cpus(claims)[uid]], uid
+    for uid, files in state["metadata"].items():
+        told = sorted(cpus for file in files for cpus in file)
+        assert told == sorted(format_cpu_list(c) for c in held_cpus(claims)[uid]), uid
     assert state["stray_files"] == [], "half-written files are left behind"
 
 

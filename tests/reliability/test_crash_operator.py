@@ -39,7 +39,8 @@ def kubelet(ready_node: str, kubelet_factory: KubeletFactory) -> KubeletHarness:
 
 def books(factory: NodedraFactory) -> dict[str, Any]:
     """The node's books as its files say."""
-    return state_on_disk(factory.dirs.checkpoint, factory.dirs.cdi, load_config(factory.config))
+    dirs = factory.dirs
+    return state_on_disk(dirs.checkpoint, dirs.cdi, dirs.plugin, load_config(factory.config))
 
 
 def serve(

@@ -1,4 +1,4 @@
-"""The kubelet-facing DRA plugin: registration, Prepare/Unprepare, ResourceSlices, CDI specs.
+"""The kubelet-facing DRA plugin: registration, Prepare/Unprepare, slices, CDI, metadata.
 
 The package owns the plumbing between the kubelet and nodedra and knows nothing of what the
 devices it publishes mean: which devices exist, what a claim gets and what its CDI edits say
@@ -9,6 +9,7 @@ from .cdi import CDIStore
 from .claims import AllocationResult, ClaimError, ClaimRef, claim_configs
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
+from .metadata import MetadataStore
 from .names import (
     DRA_DOMAIN,
     CDIClaimDevice,
@@ -40,6 +41,7 @@ __all__ = [
     "HealthNotSupportedError",
     "KubeAPIError",
     "KubeClusterAPI",
+    "MetadataStore",
     "NotServingClaimsError",
     "Options",
     "Owner",

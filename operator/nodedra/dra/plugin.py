@@ -31,6 +31,7 @@ from .claims import (
 from .endpoint import InstanceLock, SocketPaths, default_plugin_data_dir, socket_paths
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
+from .metadata import MetadataStore
 from .probes import LIST_TYPE_ATTRIBUTES, GateProbe
 from .publisher import SlicePublisher
 from .requests import ClaimRequests, conflicts
@@ -117,6 +118,14 @@ class ClaimPolicy(Protocol):
         ``results`` are this driver's results only. Called again for a claim prepared
         before, the policy must answer the same and allocate nothing more. On failure it
         raises and leaves nothing allocated.
+        """
+        ...
+
+    def result_attributes(self, uid: str) -> Sequence[Mapping[str, Mapping[str, object]]]:
+        """What the containers of claim ``uid`` (allocated) are told of each result.
+
+        Attributes as in a ResourceSlice (``{"numaNode": {"int": 0}}``), at most 32 per
+        result, in the order of ``allocate_claim``'s results: the claim's device metadata.
         """
         ...
 
@@ -250,7 +259,10 @@ class Plugin:
         self._publisher: SlicePublisher | None = None
         self._allowed = threading.Event()
         self._gates = GateProbe(self._api, self._options.node_name, self._driver)
-        self._requests = ClaimRequests(driver_name, self._owner, self._policy, self._cdi, self._api)
+        self._metadata = MetadataStore(driver_name, self._plugin_data_dir)
+        self._requests = ClaimRequests(
+            driver_name, self._owner, self._policy, (self._cdi, self._metadata), self._api
+        )
 
     @property
     def driver_name(self) -> str:
@@ -276,6 +288,11 @@ class Plugin:
     def cdi(self) -> CDIStore:
         """The CDI specs of the claims this driver prepared."""
         return self._cdi
+
+    @property
+    def metadata(self) -> MetadataStore:
+        """The device metadata files of the claims this driver prepared."""
+        return self._metadata
 
     # Lifecycle -----------------------------------------------------------------------
 

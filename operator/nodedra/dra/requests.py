@@ -2,10 +2,11 @@
 
 Prepare: the policy allocates every claim of the request and the owner is told per claim;
 then the owner commits them all at once (one checkpoint write, shared with the requests
-that come in together); then each claim's CDI spec is written. Unprepare: the policy
-releases, the owner commits, the specs are removed. The kubelet learns of a claim only from
-the answer, and a container can get a claim's devices only after that, so one write before
-the specs keeps every guarantee of one write per claim. One claim's failure stays its own.
+that come in together); then each claim's device metadata and CDI spec are written.
+Unprepare: the policy releases, the owner commits, the specs and metadata are removed. The
+kubelet learns of a claim only from the answer, and a container can get a claim's devices
+only after that, so one write before the specs keeps every guarantee of one write per claim.
+One claim's failure stays its own.
 
 The owner's commit may let the lock go while it waits for other requests, so another
 request may meet a claim between its allocation and its spec: `inflight` keeps them from
@@ -35,6 +36,7 @@ from .claims import (
 )
 from .inflight import ClaimsInFlight, RequestClaims
 from .kube import ClusterAPI
+from .metadata import ClaimMetadata, MetadataStore
 from .results import PreparedDevice, PrepareResult
 
 if TYPE_CHECKING:
@@ -47,19 +49,24 @@ FETCH_WORKERS = 8
 
 
 class ClaimRequests:
-    """The claims of kubelet requests, for one driver: its owner, policy, CDI specs and API.
+    """The claims of kubelet requests, for one driver: owner, policy, CDI specs, metadata, API.
 
     ``prepare`` and ``unprepare`` must be called with nothing of the owner's lock held: they
     take it, once per request (`Owner.batched`).
     """
 
     def __init__(
-        self, driver: str, owner: Owner, policy: ClaimPolicy, cdi: CDIStore, api: ClusterAPI
+        self,
+        driver: str,
+        owner: Owner,
+        policy: ClaimPolicy,
+        files: tuple[CDIStore, MetadataStore],
+        api: ClusterAPI,
     ) -> None:
         self._driver = driver
         self._owner = owner
         self._policy = policy
-        self._cdi = cdi
+        self._cdi, self._metadata = files
         self._api = api
         self._in_flight = ClaimsInFlight()
 
@@ -209,7 +216,11 @@ class ClaimRequests:
                     f"claim {ref}: the policy gave {len(edits)} CDI edits "
                     f"for {len(results)} allocation results"
                 )
-            spec = self._cdi.claim_spec(ref.uid, edits)  # a bad spec fails before the commit
+            # What fails to be made fails before the commit.
+            metadata = self._metadata.claim_metadata(
+                ref, claim, results, self._policy.result_attributes(ref.uid)
+            )
+            spec = self._cdi.claim_spec(ref.uid, metadata.with_mounts(edits))
             try:
                 self._owner.claim_allocated()
             except Exception as err:
@@ -219,10 +230,20 @@ class ClaimRequests:
                 self._policy.release_claim(ref.uid)  # nothing of it is durable yet
             raise
         mine.prepared(ref)
-        return _Staged(ref, tuple(results), spec, prepared_before)
+        return _Staged(ref, tuple(results), spec, metadata, prepared_before)
 
     def _write_spec(self, stage: _Staged) -> tuple[PreparedDevice, ...]:
-        """The second phase of a prepare, once the allocation is durable: the CDI spec."""
+        """The second phase of a prepare, once the allocation is durable: the files.
+
+        The device metadata first: the CDI spec mounts it, and is the last thing written.
+        """
+        try:
+            self._metadata.write(stage.metadata)
+        except OSError as err:
+            raise ClaimError(
+                f"claim {stage.ref}: writing its device metadata to "
+                f"{self._metadata.directory} failed: {err}"
+            ) from err
         try:
             names = self._cdi.write_spec(stage.spec, faults.PREPARE_SPEC)
         except OSError as err:
@@ -289,7 +310,7 @@ class ClaimRequests:
     def _finish_release(
         self, refs: Sequence[ClaimRef], committed: str
     ) -> dict[str, Exception | None]:
-        """Commit the releases of ``refs``, then remove their specs: policy, commit, spec.
+        """Commit the releases of ``refs``, then remove their specs and metadata.
 
         In that order, what a failure leaves behind is a spec, never an allocation nobody
         accounts for. Returns the claims that failed now, with why.
@@ -307,10 +328,12 @@ class ClaimRequests:
         for ref in refs:
             try:
                 self._cdi.remove_claim(ref.uid)
+                self._metadata.remove_claim(ref)
             except OSError as err:
                 error = ClaimError(
                     f"claim {ref}: released, but removing its CDI spec from "
-                    f"{self._cdi.directory} failed: {err}"
+                    f"{self._cdi.directory} or its device metadata from "
+                    f"{self._metadata.directory} failed: {err}"
                 )
                 failed[ref.uid] = _logged(ref, error)
                 continue
@@ -330,6 +353,7 @@ class _Staged:
     ref: ClaimRef
     results: tuple[AllocationResult, ...]
     spec: ClaimSpec
+    metadata: ClaimMetadata
     prepared_before: bool
 
 

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 Device = dict[str, Any]
 Edits = dict[str, Any]
+Attributes = dict[str, dict[str, object]]
+"""A device's attributes as a ResourceSlice has them: name -> {"int": 0} (or string...)."""
 
 NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 """The standard device attribute naming a device's NUMA node (both policies publish it)."""
@@ -69,6 +71,10 @@ class Policy(Protocol):
         self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
     ) -> list[Edits]:
         """Grant ``claim``'s results; one CDI container edit per result."""
+        ...
+
+    def result_attributes(self, uid: str) -> list[Attributes]:
+        """What each result of claim ``uid`` (held) tells its containers: device metadata."""
         ...
 
     def release_claim(self, uid: str) -> None:
@@ -150,6 +156,10 @@ class ExclusiveCPUPolicy(ABC):
         """The devices to publish now."""
 
     @abstractmethod
+    def _attributes(self, device: str) -> Attributes:
+        """The published attributes of ``device``; PolicyError if it is not one of ours."""
+
+    @abstractmethod
     def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
         """Grant one result from CPUs nobody holds and that are not in ``taken``.
 
@@ -223,6 +233,25 @@ class ExclusiveCPUPolicy(ABC):
             grants = tuple(self._grant_all(results))
             self._ledger.add(uid, grants)
         return [grant_edits(uid, i, grant) for i, grant in enumerate(grants)]
+
+    def result_attributes(self, uid: str) -> list[Attributes]:
+        """Each result's device attributes and what it was granted, for the workload.
+
+        ``cpus`` and ``memoryNodes`` (CPU lists, as in ``Cpus_allowed_list``), and ``memory``
+        (bytes) where the policy accounts memory: what a program reads to learn its CPUs,
+        where it would otherwise parse the names of environment variables.
+        """
+        described = []
+        for grant in self._ledger.grants(uid):
+            attributes: Attributes = {
+                **self._attributes(grant.device),
+                "cpus": {"string": format_cpu_list(grant.cpus)},
+                "memoryNodes": {"string": format_cpu_list(grant.mems)},
+            }
+            if grant.memory:
+                attributes["memory"] = {"int": grant.memory}
+            described.append(attributes)
+        return described
 
     def release_claim(self, uid: str) -> None:
         """Give back what claim ``uid`` holds; an unknown claim holds nothing."""

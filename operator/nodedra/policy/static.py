@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from nodedra.topology.cpulist import format_cpu_list
 
 from . import allocatable
-from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
+from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 
@@ -51,8 +51,24 @@ class StaticPolicy(ExclusiveCPUPolicy):
         return [self._device(frozenset({cpu})) for cpu in sorted(self.grantable)]
 
     def _device(self, cpus: frozenset[int]) -> Device:
+        attributes = self._attributes_of(cpus)
+        if self._config.full_physical_cores:
+            name = core_device_name(cpus)
+        else:
+            name = device_name(min(cpus))
+        device: Device = {"name": name, "attributes": attributes}
+        if self._config.node_allocatable:  # a device is as many of the node's cpu as threads
+            device[allocatable.FIELD] = allocatable.checked(
+                {"cpu": allocatable.per_device(str(len(cpus)))}, device
+            )
+        return device
+
+    def _attributes(self, device: str) -> Attributes:
+        return self._attributes_of(self._cpus(device))
+
+    def _attributes_of(self, cpus: frozenset[int]) -> Attributes:
         first = self._topology.cpus[min(cpus)]
-        attributes: dict[str, dict[str, object]] = {
+        attributes: Attributes = {
             NUMA_NODE_ATTRIBUTE: {"int": first.node},
             "package": {"int": first.package},
             "die": {"int": first.die},
@@ -65,15 +81,7 @@ class StaticPolicy(ExclusiveCPUPolicy):
             attributes["coreType"] = {"string": first.core_type}
         if self._config.full_physical_cores:
             attributes["threads"] = {"int": len(cpus)}
-            name = core_device_name(cpus)
-        else:
-            name = device_name(first.id)
-        device: Device = {"name": name, "attributes": attributes}
-        if self._config.node_allocatable:  # a device is as many of the node's cpu as threads
-            device[allocatable.FIELD] = allocatable.checked(
-                {"cpu": allocatable.per_device(str(len(cpus)))}, device
-            )
-        return device
+        return attributes
 
     def _cpus(self, device: str) -> frozenset[int]:
         """The CPUs of ``device``, one of ours under the configuration in force."""

@@ -22,7 +22,7 @@ from nodedra.lib.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
 from . import allocatable
-from .base import NUMA_NODE_ATTRIBUTE, Device, ExclusiveCPUPolicy
+from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
 from .picker import pick_cpus
@@ -68,16 +68,11 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         return sizes.pop() if len(sizes) == 1 else 1
 
     def _device(self, node: NUMANode) -> Device:
-        cpus = sorted(node.cpus & self.grantable)
-        first = self._topology.cpus[cpus[0]]
+        cpus = node.cpus & self.grantable
         step = self._core_size(node)
         device: Device = {
             "name": device_name(node.id),
-            "attributes": {
-                NUMA_NODE_ATTRIBUTE: {"int": node.id},
-                "package": {"int": first.package},
-                "smtEnabled": {"bool": self._topology.smt_enabled},
-            },
+            "attributes": self._attributes_of(node),
             "capacity": {
                 CPU_CAPACITY: _capacity_of(len(cpus), minimum=step, step=step),
                 MEMORY_CAPACITY: _capacity_of(
@@ -86,8 +81,6 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
             },
             "allowMultipleAllocations": True,
         }
-        if self._config.full_physical_cores:
-            device["attributes"]["fullPhysicalCores"] = {"bool": True}
         if self._config.node_allocatable:  # what a claim consumes is the node's cpu and memory
             device[allocatable.FIELD] = allocatable.checked(
                 {
@@ -98,11 +91,25 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
             )
         return device
 
-    def _node(self, result: AllocationResult) -> NUMANode:
+    def _attributes(self, device: str) -> Attributes:
+        return self._attributes_of(self._node(device))
+
+    def _attributes_of(self, node: NUMANode) -> Attributes:
+        first = self._topology.cpus[min(node.cpus & self.grantable)]
+        attributes: Attributes = {
+            NUMA_NODE_ATTRIBUTE: {"int": node.id},
+            "package": {"int": first.package},
+            "smtEnabled": {"bool": self._topology.smt_enabled},
+        }
+        if self._config.full_physical_cores:
+            attributes["fullPhysicalCores"] = {"bool": True}
+        return attributes
+
+    def _node(self, device: str) -> NUMANode:
         for node in self._topology.nodes.values():
-            if device_name(node.id) == result.device and node.cpus & self.grantable:
+            if device_name(node.id) == device and node.cpus & self.grantable:
                 return node
-        raise PolicyError(f"unknown device {result.device}")
+        raise PolicyError(f"unknown device {device}")
 
     def _wants(self, result: AllocationResult, node: NUMANode) -> tuple[int, int] | None:
         """(CPUs, bytes) the result consumed; None when it takes the whole device."""
@@ -124,7 +131,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         return cpus, memory
 
     def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
-        node = self._node(result)
+        node = self._node(result.device)
         offered = node.cpus & self.grantable
         free = offered - self._ledger.allocated_cpus() - taken
         memory_free = self.offered_memory(node) - self._ledger.memory_used(node.id) - memory
@@ -165,7 +172,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         return all(core <= grant.cpus for core in cores)
 
     def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        wants = self._wants(result, self._node(result))
+        wants = self._wants(result, self._node(result.device))
         return wants is None or wants == (len(grant.cpus), grant.memory)
 
     def _check_node_config(self, config: PolicyConfig) -> None:

@@ -244,6 +244,10 @@ class ResourceManager:
         self._reservations[ref.uid] = Reservation(ref.namespace, ref.name, reserved_pods(claim))
         return edits
 
+    def result_attributes(self, uid: str) -> Sequence[Mapping[str, Mapping[str, object]]]:
+        """The policy's description of claim ``uid``'s results, for its device metadata."""
+        return self._policy.result_attributes(uid)
+
     def release_claim(self, uid: str) -> None:
         """The policy's release; the claim is reserved for nobody any more."""
         self._policy.release_claim(uid)
@@ -325,6 +329,7 @@ class ResourceManager:
             for leftover in (
                 *self.checkpoint.remove_leftovers(),
                 *self.plugin.cdi.remove_leftovers(),
+                *self.plugin.metadata.remove_leftovers(),
             ):
                 log.info("removed %s, left by a write that a crash interrupted", leftover)
         self._start_pinning()
@@ -489,12 +494,14 @@ class ResourceManager:
             )
 
     def _sweep_specs(self) -> None:
-        """Remove the CDI specs of claims the policy does not hold (left by a crash)."""
+        """Remove the CDI specs and metadata of claims the policy does not hold (a crash's)."""
         held = self._policy.claim_uids()
         for uid in self.plugin.cdi.claim_uids():
             if uid not in held:
                 log.info("removing the CDI spec of claim %s, which no policy holds", uid)
                 self.plugin.cdi.remove_claim(uid)
+        for uid in self.plugin.metadata.remove_unheld(held):
+            log.info("removed the device metadata of claim %s, which no policy holds", uid or "?")
 
 
 def _reservations(state: State) -> dict[str, Reservation]:

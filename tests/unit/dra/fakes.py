@@ -124,6 +124,9 @@ class FakePolicy:
             return self.edits
         return [{"env": [f"NRI_DEVICE={r.device}"]} for r in results]
 
+    def result_attributes(self, uid: str) -> list[Mapping[str, Mapping[str, object]]]:
+        return [{"device": {"string": device}} for device in self.allocated[uid]]
+
     def release_claim(self, uid: str) -> None:
         self.releases.append(uid)
         if self.release_error is not None:

@@ -485,7 +485,7 @@ def test_malformed_claim_is_isolated(allowed: Rig) -> None:
     [
         ("count", "the policy gave 2 CDI edits for 1 allocation results"),
         ("commit", "committing the allocation failed: disk full"),
-        ("empty", "empty: CDI refuses a device that edits nothing"),
+        ("invalid", "'NO_VALUE' must be \"NAME=VALUE\""),
     ],
 )
 def test_failed_prepare_rolls_back(allowed: Rig, fault: str, message: str) -> None:
@@ -496,7 +496,7 @@ def test_failed_prepare_rolls_back(allowed: Rig, fault: str, message: str) -> No
     elif fault == "commit":
         rig.owner.commit_error = OSError("disk full")
     else:
-        rig.policy.edits = [{}]
+        rig.policy.edits = [{"env": ["NO_VALUE"]}]
     answers = rig.plugin.node_prepare([ref])
     assert message in str(answers["u1"].error)
     assert answers["u1"].devices == ()

@@ -152,6 +152,23 @@ def test_a_claim_of_cores_gets_every_thread_of_each() -> None:
     assert p.claim_uids() == {"a"}
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_the_workload_is_told_each_devices_attributes_and_cpus(whole: bool) -> None:
+    p = policy("two-socket-smt2-numa4", fullPhysicalCores=whole)
+    published = p.devices()[3:5]
+    p.allocate_claim(claim("a"), [cpu(d["name"]) for d in published])
+    described = p.result_attributes("a")
+    topo = topology("two-socket-smt2-numa4")
+    for device, grant, attributes in zip(published, p.grants("a"), described, strict=True):
+        nodes = {topo.cpus[c].node for c in grant.cpus}
+        assert attributes == {
+            **device["attributes"],
+            "cpus": {"string": format_cpu_list(grant.cpus)},
+            "memoryNodes": {"string": format_cpu_list(nodes)},
+        }
+        assert len(grant.cpus) == (2 if whole else 1)
+
+
 def test_a_claim_may_hold_more_than_32_cpus() -> None:
     """32 allocation results at most: 20 cores of two threads are 40 CPUs in one claim."""
     p = policy("two-socket-smt2-numa4", fullPhysicalCores=True)

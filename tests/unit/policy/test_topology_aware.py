@@ -7,7 +7,7 @@ import pytest
 from nodedra.policy import PolicyConfig, PolicyError, TopologyAwarePolicy, parse_config
 from nodedra.policy.base import NUMA_NODE_ATTRIBUTE
 from nodedra.policy.topology_aware import MEMORY_STEP, device_name
-from nodedra.topology.cpulist import parse_cpu_list
+from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 from nodedra.topology.model import Topology
 from tests.unit.policy.conftest import SHAPES, Host, ask, claim, topology
 
@@ -112,6 +112,32 @@ def test_edits_name_what_each_result_got() -> None:
     assert parse_cpu_list(first["DRA_CPUSET_u_1_0"]) == grants[0].cpus
     assert parse_cpu_list(second["DRA_CPUSET_u_1_1"]) == grants[1].cpus
     assert len(grants[0].cpus) == 2
+
+
+def test_the_workload_is_told_its_devices_and_what_each_result_got() -> None:
+    nodes = sorted(topology(TWO_SOCKETS).nodes)
+    p = policy(fullPhysicalCores=True)
+    p.allocate_claim(
+        claim("u-1"),
+        [
+            ask(device_name(nodes[0]), "a", cpu="2", memory="1Gi"),
+            ask(device_name(nodes[1]), cpu="2"),
+        ],
+    )
+    first, second = p.result_attributes("u-1")
+    grants = p.grants("u-1")
+    device = next(d for d in p.devices() if d["name"] == device_name(nodes[0]))
+    assert first == {
+        **device["attributes"],
+        "cpus": {"string": format_cpu_list(grants[0].cpus)},
+        "memoryNodes": {"string": str(nodes[0])},
+        "memory": {"int": 1 << 30},
+    }
+    assert first["fullPhysicalCores"] == {"bool": True}
+    assert "memory" not in second  # a result without memory is not told it has 0 bytes
+    assert second["cpus"] == {"string": format_cpu_list(grants[1].cpus)}
+    with pytest.raises(KeyError):
+        p.result_attributes("unknown")
 
 
 def test_reprepare_answers_the_same_and_allocates_nothing_more() -> None:
