@@ -11,6 +11,7 @@ a larger fixture machine (test_pinning.py).
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,6 +152,33 @@ class Pinned:
         )
 
 
+def device_metadata(
+    report: Mapping[str, Any], driver: str, claim: Mapping[str, Any]
+) -> dict[str, frozenset[int]]:
+    """The CPUs and memory nodes the container's device metadata file tells it it has.
+
+    The file of the probe pod's claim (from a template the pod calls "cpus", whose request
+    is "cpus"), read as a KEP-5304 reader does: the first object of the stream.
+    """
+    path = (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/cpus/cpus/"
+        f"{driver}-metadata.json"
+    )
+    assert list(report["device_metadata"]) == [path], report
+    first, _ = json.JSONDecoder().raw_decode(report["device_metadata"][path])
+    assert first["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+    assert first["metadata"]["uid"] == claim["metadata"]["uid"]
+    (request,) = first["requests"]
+    devices = request["devices"]
+    assert [d["name"] for d in devices] == [
+        r["device"] for r in claim["status"]["allocation"]["devices"]["results"]
+    ]
+    return {
+        key: frozenset().union(*(parse_cpu_list(d["attributes"][key]["string"]) for d in devices))
+        for key in ("cpus", "memoryNodes")
+    }
+
+
 def read_int(directory: Path, name: str) -> int:
     return int((directory / name).read_text())
 
@@ -189,9 +217,9 @@ def pinned(
 
 
 def test_a_pod_runs_on_the_cpus_of_its_claim_and_the_others_do_not(pinned: Pinned) -> None:
-    """What the container reports, what the machine says, the checkpoint and the claim's
-    status all name the same CPUs; a pod without a claim runs on the rest, before, while
-    and after."""
+    """What the container reports, the device metadata file it reads, what the machine says,
+    the checkpoint and the claim's status all name the same CPUs; a pod without a claim runs
+    on the rest, before, while and after."""
     pinned.create("plain")
     wait_pod_running(pinned.cp, pinned.namespace, "plain")
     assert pinned.runs_on("plain") == pinned.online, "nothing claimed yet: every CPU"
@@ -207,6 +235,9 @@ def test_a_pod_runs_on_the_cpus_of_its_claim_and_the_others_do_not(pinned: Pinne
     assert parse_cpu_list(report["mems_allowed_list"]) == mems, report
     assert parse_cpu_list(report["cgroup"]["cpus"]) == cpus, report
     assert parse_cpu_list(report["cgroup"]["mems"]) == mems, report
+    told = device_metadata(report, pinned.driver, claim)
+    assert told["cpus"] == parse_cpu_list(report["cpus_allowed_list"]), report
+    assert told["memoryNodes"] == mems
     assert pinned.runs_on("claimer") == cpus
     cgroup = cpuset_cgroup(pinned.node.pod_pid(pinned.namespace, "claimer"))
     assert (parse_cpu_list(cgroup.cpus), parse_cpu_list(cgroup.mems)) == (cpus, mems)

@@ -7,7 +7,8 @@
 // WORKLOAD_ENV_PREFIXES (comma-separated, default DRA_), which is where CDI edits put what a
 // DRA driver gave the container. With WORKLOAD_REPORT_INTERVAL set (a Go duration such as
 // "2s"), it reports again at that interval, so a test can watch a running container being
-// re-pinned. It sleeps until SIGTERM or SIGINT and then exits 0.
+// re-pinned. Each report also holds the device metadata files DRA drivers mounted into the
+// container (KEP-5304, under /var/run/kubernetes.io/dra-device-attributes), by path. It sleeps until SIGTERM or SIGINT and then exits 0.
 package main
 
 import (
@@ -34,6 +35,7 @@ type report struct {
 	MemsAllowedList string            `json:"mems_allowed_list"`
 	Cgroup          cpusetCgroup      `json:"cgroup"`
 	Env             map[string]string `json:"env"`
+	DeviceMetadata  map[string]string `json:"device_metadata"`
 	Errors          []string          `json:"errors,omitempty"`
 }
 
@@ -150,6 +152,11 @@ func observe(event string, seq int, prefixes []string) report {
 		}
 	}
 
+	r.DeviceMetadata, err = deviceMetadata(deviceMetadataDir)
+	if err != nil {
+		fail(err)
+	}
+
 	environ := os.Environ()
 	sort.Strings(environ)
 	for _, kv := range environ {
@@ -162,6 +169,32 @@ func observe(event string, seq int, prefixes []string) report {
 		}
 	}
 	return r
+}
+
+// deviceMetadataDir is where drivers mount the device metadata files of a container's claims.
+const deviceMetadataDir = "/var/run/kubernetes.io/dra-device-attributes"
+
+// deviceMetadata returns the content of every file under dir, by path; none if dir is absent.
+func deviceMetadata(dir string) (map[string]string, error) {
+	found := map[string]string{}
+	err := filepath.WalkDir(dir, func(file string, entry os.DirEntry, err error) error {
+		if err != nil {
+			if file == dir && os.IsNotExist(err) {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		if entry.IsDir() {
+			return nil
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		found[file] = string(data)
+		return nil
+	})
+	return found, err
 }
 
 // statusFields returns the named "Key:\tvalue" fields of a /proc/<pid>/status file.
