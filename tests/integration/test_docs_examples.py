@@ -1,0 +1,69 @@
+"""The examples of docs/latency-sensitive-workloads.md, as the API server and nodedra take them.
+
+Each YAML block is either a Kubernetes object, created on the real API server with a dry run
+and strict field validation (a misspelt field fails), or a nodedra configuration, parsed and
+given to its policy on the fixture machine the page describes (28 cores of two threads).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from nodedra.policy import make_policy, parse_config
+from nodedra.topology import read_topology
+from tests.peers.controlplane import ControlPlane
+from tests.reliability.helpers import ROOT, SYSFS
+
+PAGE = ROOT / "docs" / "latency-sensitive-workloads.md"
+COLLECTIONS = {
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates",
+    "Pod": "/api/v1/namespaces/{}/pods",
+}
+
+
+def examples() -> list[dict[str, Any]]:
+    blocks = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.DOTALL)
+    return [yaml.safe_load(block) for block in blocks]
+
+
+def test_the_page_has_an_example_of_each_kind() -> None:
+    kinds = [e.get("kind") or f"config of {e['policy']}" for e in examples()]
+    assert sorted(kinds) == [
+        "Pod",
+        "ResourceClaimTemplate",
+        "ResourceClaimTemplate",
+        "config of static",
+        "config of topology-aware",
+    ]
+
+
+@pytest.mark.parametrize(
+    "example", [e for e in examples() if "kind" not in e], ids=lambda e: e["policy"]
+)
+def test_each_configuration_is_taken_on_the_machine_it_is_written_for(
+    example: dict[str, Any],
+) -> None:
+    config = parse_config(example)
+    policy = make_policy(read_topology(SYSFS), config)
+    assert config.full_physical_cores
+    assert len(policy.whole_cores()) == 27, "CPUs 0 and 28 are one core, reserved whole"
+
+
+@pytest.mark.parametrize(
+    "example", [e for e in examples() if "kind" in e], ids=lambda e: e["metadata"]["name"]
+)
+def test_each_object_is_valid_for_the_api_server(
+    control_plane: ControlPlane, namespace: str, example: dict[str, Any]
+) -> None:
+    collection = COLLECTIONS[example["kind"]].format(namespace)
+    created = control_plane.request(
+        "POST", f"{collection}?dryRun=All&fieldValidation=Strict", example
+    )
+    assert (created["kind"], created["metadata"]["name"]) == (
+        example["kind"],
+        example["metadata"]["name"],
+    )
