@@ -55,11 +55,15 @@ def kubelet(ready_node: str, kubelet_factory: KubeletFactory) -> KubeletHarness:
 
 
 def start_nodedra(
-    factory: NodedraFactory, cp: ControlPlane, kubelet: KubeletHarness, config: dict[str, Any]
+    factory: NodedraFactory,
+    cp: ControlPlane,
+    kubelet: KubeletHarness,
+    config: dict[str, Any],
+    **settings: Any,
 ) -> NodedraProcess:
     path = factory.write_config({"reservedCPUs": "0", **config})
     devices = len(expected_devices(NODEDRA_SYSFS, path)[config["policy"]])
-    nodedra = factory(kubelet)
+    nodedra = factory(kubelet, **settings)
     nodedra.wait_serving(cp, kubelet, driver_name(config["policy"]), devices)
     return nodedra
 

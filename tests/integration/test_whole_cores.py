@@ -4,7 +4,8 @@ the kubelet's DRA code.
 nodedra reads the 56-CPU fixture machine (28 cores of two threads); the node is the test
 cluster's (allocatable: 8 CPUs), with the kubelet harness. Static: a device is a core, the
 scheduler counts each core as its two threads against the node, and a claim of 20 cores is
-prepared as 40 CPUs, more than 32 allocation results of single CPUs could hold.
+prepared as 40 CPUs, more than 32 allocation results of single CPUs could hold, and pinned
+so by NRI's adaptation.
 Topology-aware: the scheduler rounds a claim of 3 CPUs up to a core's step, 4, and counts 4.
 """
 
@@ -33,6 +34,7 @@ from tests.peers.cluster import wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE
+from tests.peers.nri_runtime import NRI_VERSIONS, ContainerSpec, NRIFactory, PodSpec
 from tests.peers.profile import ClusterProfile
 
 WHOLE_CORES: dict[str, Any] = {"policy": "static", "fullPhysicalCores": True}
@@ -68,13 +70,23 @@ def test_a_claim_of_twenty_cores_holds_forty_cpus(
     namespace: str,
     kubelet: KubeletHarness,  # noqa: F811 (fixture)
     nodedra_factory: NodedraFactory,
+    nri_runtime_factory: NRIFactory,
 ) -> None:
-    """Prepared through the kubelet's DRA manager: 20 results, 40 CPUs, each core whole.
-    (The node's 8 allocatable CPUs could not take 40: the devices map none here.)"""
+    """Prepared through the kubelet's DRA manager: 20 results, 40 CPUs, each core whole;
+    the container the runtime (NRI's adaptation) creates with the 20 devices is pinned to
+    the 40. (The node's 8 allocatable CPUs could not take 40: the devices map none here.)"""
     cp, node = workload_controllers, kubelet.node_name
-    start_nodedra(nodedra_factory, cp, kubelet, {**WHOLE_CORES, "nodeAllocatable": False})
+    runtime = nri_runtime_factory(NRI_VERSIONS[-1], online_cpus="0-55", online_mems="0-3")
+    start_nodedra(
+        nodedra_factory,
+        cp,
+        kubelet,
+        {**WHOLE_CORES, "nodeAllocatable": False},
+        pinning="required",
+        nri_socket=runtime.socket,
+    )
     create_claim_pod(cp, namespace, node, "big", STATIC, count=20)
-    wait_pod_scheduled(cp, namespace, "big")
+    pod = wait_pod_scheduled(cp, namespace, "big")
     (ids,) = kubelet.prepare(namespace, "big").values()
     assert len(ids) == 20
     state = Checkpoint(nodedra_factory.dirs.checkpoint).load()
@@ -83,6 +95,11 @@ def test_a_claim_of_twenty_cores_holds_forty_cpus(
     cpus = [parse_cpu_list(g["cpus"]) for g in held["grants"]]
     assert [len(c) for c in cpus] == [2] * 20, f"claim {uid}: every result a whole core"
     assert len(frozenset().union(*cpus)) == 40
+
+    sandbox = PodSpec("sb-big", name="big", namespace=namespace, uid=pod["metadata"]["uid"])
+    runtime.run_pod(sandbox)
+    runtime.create_container(ContainerSpec("big", sandbox.id, cdi_devices=ids), start=True)
+    assert parse_cpu_list(runtime.container("big").cpus) == frozenset().union(*cpus)
 
 
 def test_a_topology_aware_claim_of_three_cpus_gets_two_whole_cores(
