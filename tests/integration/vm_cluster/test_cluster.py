@@ -7,6 +7,7 @@ The cluster is the package's (see it); nodedra's image is in the guest's contain
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import ssl
@@ -26,10 +27,16 @@ from tests.integration.vm_cluster import (
     claim_pod,
     numa1_claim,
 )
-from tests.peers.cluster import resource_slices
+from tests.peers.cluster import poll, resource_slices
 from tests.peers.deployment import NAMESPACE
 from tests.peers.nodedra_node import TOPOLOGY_AWARE
-from tests.peers.pods import container_id, create_pod, wait_pod_running, workload_pod
+from tests.peers.pods import (
+    container_id,
+    create_pod,
+    wait_pod_running,
+    wait_reports,
+    workload_pod,
+)
 from tests.peers.vm_cluster import KUBELET_PORT, NODE_NAME, VMCluster
 from tests.peers.vm_image import GUEST_ADDRESS
 
@@ -219,3 +226,83 @@ def test_deleting_the_claim_s_pod_gives_its_cpus_back(deployed: VMCluster) -> No
         assert deployed.metric("nodedra_cpus_allocated", {"numa_node": numa_node}) == 0
     # Deallocated, the claim's CPU is free for the restarts' claims (test_restarts).
     cp.request("DELETE", f"{CLAIMS}/numa1")
+
+
+# -- whole cores on the guest's SMT2 cores --------------------------------------------------------
+
+
+def _set_full_physical_cores(cluster: VMCluster, on: bool) -> None:
+    """Edit the deployed ConfigMap, and have the kubelet bring the file to nodedra's pod now.
+
+    The kubelet refreshes a pod's ConfigMap volumes when it syncs the pod, which a change of
+    the pod does at once (annotating it) where its periodic sync could take a minute.
+    """
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/nodedra-config"
+    config_map = cluster.cp.request("GET", path)
+    text = config_map["data"]["config.yaml"]
+    old = f"fullPhysicalCores: {str(not on).lower()}"
+    assert old in text, text
+    config_map["data"]["config.yaml"] = text.replace(old, f"fullPhysicalCores: {str(on).lower()}")
+    cluster.cp.request("PUT", path, config_map)
+    (nodedra,) = cluster.nodedra_pods()
+    cluster.kubectl(
+        "-n", NAMESPACE, "annotate", "--overwrite", "pod", nodedra["metadata"]["name"],
+        f"nodedra.test/full-physical-cores={str(on).lower()}",
+    )  # fmt: skip
+
+
+def _wait_devices(cluster: VMCluster, want: dict[str, str]) -> dict[str, Any]:
+    """Until the guest's devices are ``want`` (name: cpu capacity); the devices."""
+    seen: dict[str, Any] = {}
+
+    def check() -> dict[str, Any] | None:
+        nonlocal seen
+        slices = resource_slices(cluster.cp, NODE_NAME, TOPOLOGY_AWARE)
+        seen = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+        found = {name: d["capacity"]["cpu"]["value"] for name, d in seen.items()}
+        return seen if found == want else None
+
+    return poll(check, 300, lambda: f"devices {want}; published: {seen}\n{cluster.nodedra_logs()}")
+
+
+def test_with_whole_cores_a_claim_of_one_cpu_gets_both_threads_of_a_core_alone(
+    deployed: VMCluster,
+) -> None:
+    """fullPhysicalCores, switched on in the running deployment: the guest's cores are CPUs
+    0-1 and 2-3, and with CPU 0 reserved only core 2-3 is offered, in steps of two CPUs. A
+    claim of one CPU is rounded up by the scheduler to the core; its container runs on both
+    threads, is told so by its device metadata, and nothing else runs there."""
+    cp = deployed.cp
+    _set_full_physical_cores(deployed, True)
+    devices = _wait_devices(deployed, {"cpudevnuma001": "2"})
+    policy = devices["cpudevnuma001"]["capacity"]["cpu"]["requestPolicy"]
+    assert policy["validRange"] == {"min": "2", "step": "2"}, policy
+    assert devices["cpudevnuma001"]["attributes"]["fullPhysicalCores"] == {"bool": True}
+
+    cp.request("POST", CLAIMS, numa1_claim("core"))
+    create_pod(cp, TEST_NAMESPACE, claim_pod("core", "core"))
+    pod = wait_pod_running(cp, TEST_NAMESPACE, "core", timeout=300)
+    claim = cp.request("GET", f"{CLAIMS}/core")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"]["cpu"] == "2", result
+    assert deployed.allowed(pod, "workload") == ("2-3", "1")
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-1", "0-1"))
+    (nodedra,) = deployed.nodedra_pods()
+    assert deployed.allowed(nodedra, "nodedra") == ("0-1", "0-1")
+    (report, *_) = wait_reports(cp, TEST_NAMESPACE, "core")
+    (told,) = report["device_metadata"].values()
+    first, _ = json.JSONDecoder().raw_decode(told)
+    (device,) = first["requests"][0]["devices"]
+    assert device["attributes"]["cpus"] == {"string": report["cpus_allowed_list"]}, report
+
+    cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/core")
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-3", "0-1"))
+    cp.request("DELETE", f"{CLAIMS}/core")
+    poll(
+        lambda: True if deployed.metric("nodedra_claims_held") == 0 else None,
+        120,
+        lambda: "the whole-core claim released",
+    )
+    # As the restarts' tests expect it: single CPUs again (refused while a claim holds a core).
+    _set_full_physical_cores(deployed, False)
+    _wait_devices(deployed, {"cpudevnuma000": "1", "cpudevnuma001": "2"})

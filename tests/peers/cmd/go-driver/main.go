@@ -4,7 +4,8 @@
 // It exists for two reasons: it proves that the kubelet harness and the test
 // control plane work without depending on nodedra (which is written in
 // parallel), and it is the reference peer that nodedra's behaviour and
-// performance can be compared against. It publishes one ResourceSlice with a
+// performance can be compared against. With the arguments "decode-metadata FILE"
+// it reads a device metadata file as the official reader does (metadata.go). It publishes one ResourceSlice with a
 // few devices for its node, and prepares a claim by writing one transient CDI
 // spec per claim, named the way the CDI library names transient specs
 // (<driver>-device_<claim uid>.yaml), with one CDI device per allocation
@@ -53,6 +54,13 @@ type config struct {
 }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "decode-metadata" {
+		if err := decodeMetadata(os.Args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "go-driver: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	klog.InitFlags(nil)
 	var cfg config
 	flag.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (required)")
