@@ -81,11 +81,15 @@ def _slice_uids(cluster: DeploymentCluster) -> dict[str, str]:
 
 
 def _demo_cpus(cluster: DeploymentCluster) -> tuple[str, frozenset[int]]:
-    """The CPUs the sample was given (its DRA_CPUSET_ variable) and the ones its process may
-    run on (/proc of the machine)."""
+    """The CPUs the sample was given (its DRA_CPUSET_ variable, which its device metadata
+    file names too) and the ones its process may run on (/proc of the machine)."""
     log = cluster.kubectl("-n", DEMO_NAMESPACE, "logs", DEMO_POD).stdout
     given = [line.split("=", 1)[1] for line in log.splitlines() if line.startswith("DRA_CPUSET_")]
     assert len(given) == 1, f"the sample printed no single DRA_CPUSET_ variable:\n{log}"
+    assert "{" in log, f"the sample printed no device metadata:\n{log}"
+    metadata, _ = json.JSONDecoder().raw_decode(log, log.index("{"))
+    (device,) = metadata["requests"][0]["devices"]
+    assert device["attributes"]["cpus"] == {"string": given[0]}, log
     pid = cluster.node.pod_pid(DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER)
     allowed = parse_cpu_list(proc_status(pid)["Cpus_allowed_list"])
     return given[0], allowed

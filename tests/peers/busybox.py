@@ -1,6 +1,7 @@
 """The image the samples in manifests/samples/ run: busybox, from Debian's busybox-static.
 
-The samples' pods run ``sh -c "env | grep ^DRA_; sleep 3600"`` in ``busybox:1.35.0``. The test
+The samples' pods run ``sh -c "env | grep ^DRA_; cat <metadata file>; sleep 3600"`` in
+``busybox:1.35.0``. The test
 node pulls nothing, so the image is made here: Debian bookworm's static build of busybox 1.35.0
 (the release the tag names), downloaded with ``apt-get download`` (no install on the machine)
 and cached, in an image of one layer with the applets the samples use linked to it.
@@ -26,7 +27,7 @@ BUSYBOX_IMAGE = "docker.io/library/busybox:1.35.0"
 BUSYBOX_PACKAGE = "busybox-static"
 BUSYBOX_VERSION = "1.35.0"
 #: The applets the samples' command uses, each a link to /bin/busybox.
-APPLETS = ("sh", "env", "grep", "sleep")
+APPLETS = ("sh", "env", "grep", "cat", "sleep")
 
 
 def busybox_binary(log: Log = sys.stderr) -> Path:

@@ -19,6 +19,7 @@ from nodedra.nri import DEFAULT_SOCKET
 from nodedra.nri.plugin import PLUGIN_NAME
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS
+from tests.peers.busybox import APPLETS as BUSYBOX_APPLETS
 from tests.peers.busybox import BUSYBOX_IMAGE
 from tests.peers.node import TOLERATE_MISSING_PLUGINS_ANNOTATION
 from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS
@@ -401,7 +402,16 @@ def _pod_and_template(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     assert container["resources"]["claims"] == [{"name": pod_claim["name"]}]
     # The image the test node is given for them (tests.peers.busybox), as containerd names it.
     assert "docker.io/library/" + container["image"] == BUSYBOX_IMAGE
-    assert container["command"] == ["sh", "-c", "env | grep ^DRA_; sleep 3600"]
+    # Its variables, and the device metadata file of its claim's one request, which the
+    # busybox image can print (its applets).
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    metadata = (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/"
+        f"{pod_claim['name']}/{request['name']}/{request['exactly']['deviceClassName']}"
+        "-metadata.json"
+    )
+    assert container["command"] == ["sh", "-c", f"env | grep ^DRA_; cat {metadata}; sleep 3600"]
+    assert {"sh", "env", "grep", "cat", "sleep"} <= set(BUSYBOX_APPLETS)
     return pod, template
 
 
