@@ -39,6 +39,7 @@ TESTS = (
     "tests/integration/test_claim_api_real.py",
     "tests/integration/test_operator.py",
     "tests/integration/test_node_allocatable.py",
+    "tests/integration/test_whole_cores.py",
 )
 #: With only GA DRA at the older releases: registration, publication, prepare, the node's
 #: allocatable and device health.

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodedra.policy import make_policy, parse_config
 from nodedra.resmgr import Checkpoint
-from nodedra.topology import parse_cpu_list
-from tests.conftest import NodedraFactory
+from nodedra.topology import parse_cpu_list, read_topology
+from tests.conftest import NODEDRA_SYSFS, NodedraFactory
 from tests.integration.test_node_allocatable import (
     GATE,
     NODE_CPUS,
@@ -38,6 +39,7 @@ from tests.peers.nri_runtime import NRI_VERSIONS, ContainerSpec, NRIFactory, Pod
 from tests.peers.profile import ClusterProfile
 
 WHOLE_CORES: dict[str, Any] = {"policy": "static", "fullPhysicalCores": True}
+CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 
 
 def test_a_core_is_a_device_and_counts_its_threads_against_the_node(
@@ -111,11 +113,12 @@ def test_a_topology_aware_claim_of_three_cpus_gets_two_whole_cores(
 ) -> None:
     """The device's cpu capacity steps by a core: the real scheduler records 4 CPUs consumed
     for a request of 3 (and, with the node-allocatable gate, counts 4 against the node); the
-    policy grants two whole cores."""
+    policy grants two whole cores. Without consumable capacity (DRAConsumableCapacity off)
+    the API server keeps no request of CPUs: the claim takes its device, every whole core of
+    its NUMA node, and all of its memory."""
     cp, node = workload_controllers, kubelet.node_name
-    start_nodedra(
-        nodedra_factory, cp, kubelet, {"policy": "topology-aware", "fullPhysicalCores": True}
-    )
+    config = {"policy": "topology-aware", "fullPhysicalCores": True}
+    start_nodedra(nodedra_factory, cp, kubelet, config)
     create_claim_pod(
         cp, namespace, node, "three", TOPOLOGY_AWARE, capacity={"cpu": "3", "memory": "64Mi"}
     )
@@ -130,5 +133,11 @@ def test_a_topology_aware_claim_of_three_cpus_gets_two_whole_cores(
     ((_, held),) = state.claims.items()
     ((grant),) = held["grants"]
     cpus = parse_cpu_list(grant["cpus"])
+    if not cluster_profile.on(CONSUMABLE_CAPACITY):
+        topology = read_topology(NODEDRA_SYSFS)
+        node_cpus = topology.nodes[int(grant["device"].removeprefix("cpudevnuma"))].cpus
+        whole = make_policy(topology, parse_config({**config, "reservedCPUs": "0"})).whole_cores()
+        assert cpus == frozenset().union(*(c for c in whole if c <= node_cpus))
+        return
     assert len(cpus) == 4
     assert int(grant["memory"]) == 64 << 20
