@@ -7,6 +7,7 @@ are the policy's decisions, and making them durable is the owner's.
 
 from .cdi import CDIStore
 from .claims import AllocationResult, ClaimError, ClaimRef, claim_configs
+from .contracts import ClaimPolicy, Owner, PluginHealth, RequestObserver, RequestReport
 from .errors import HealthNotSupportedError, NotServingClaimsError, RecoverableError
 from .kube import ClusterAPI, KubeAPIError, KubeClusterAPI
 from .metadata import MetadataStore
@@ -17,16 +18,7 @@ from .names import (
     container_claims,
     driver_name,
 )
-from .plugin import (
-    ClaimPolicy,
-    Options,
-    Owner,
-    Plugin,
-    PluginHealth,
-    PluginSettings,
-    RequestObserver,
-    RequestReport,
-)
+from .plugin import Options, Plugin, PluginSettings
 from .results import PreparedDevice, PrepareResult
 
 __all__ = [

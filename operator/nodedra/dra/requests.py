@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodedra.lib import faults
 
@@ -34,13 +34,11 @@ from .claims import (
     is_valid_namespace,
     is_valid_object_name,
 )
+from .contracts import ClaimPolicy, Owner
 from .inflight import ClaimsInFlight, RequestClaims
 from .kube import ClusterAPI
 from .metadata import ClaimMetadata, MetadataStore
 from .results import PreparedDevice, PrepareResult
-
-if TYPE_CHECKING:
-    from .plugin import ClaimPolicy, Owner
 
 log = logging.getLogger(__name__)
 
