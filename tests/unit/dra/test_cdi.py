@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nodedra.dra.cdi import DEFAULT_CDI_DIR, CDISpecError, CDIStore, minimum_cdi_version
+from nodedra.dra.cdi import DEFAULT_CDI_DIR, CDISpecError, CDIStore
+from nodedra.dra.cdi_schema import minimum_cdi_version
 
 DRV = "balloons.nri.io"
 UID = "0b7a6c2e-6a0d-4c4e-9d64-7f2b1c3d4e5f"
