@@ -21,11 +21,12 @@ ContainerEdits = Mapping[str, Any]
 class Owner(Protocol):
     """Who the plugin serializes kubelet requests against, commits through, and asks to stop.
 
-    The owner *is* a lock: the plugin holds it for every kubelet request, once per request,
-    through ``batched``. It makes the changes of a whole request durable at once: the
-    kubelet learns of a prepared claim only from the answer, and a container can get a
-    claim's CDI devices only after that, so one write before the claims' specs are written
-    (and before the answer) keeps every guarantee of one write per claim.
+    The owner *is* a lock: the plugin takes it for every kubelet request, once per request,
+    through ``batched`` (its ``commit`` may let it go while it waits to share a write). It
+    makes the changes of a whole request durable at once: the kubelet learns of a prepared
+    claim only from the answer, and a container can get a claim's CDI devices only after
+    that, so one write before the claims' specs are written (and before the answer) keeps
+    every guarantee of one write per claim.
     """
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
