@@ -132,9 +132,9 @@ class CDIStore:
         which is YAML too: CDI parses a spec the same whatever its extension, and a JSON
         encoder is many times faster than a YAML one on the prepare path.
 
-        The rename is not made durable with a directory fsync, as CDI writers do not make
-        it: specs are transient (the tmpfs vanishes on reboot and a re-prepare writes them
-        again); the checkpoint, saved before, is the durable record.
+        Nothing is fsynced, as CDI's own writer does not: specs are transient (the tmpfs
+        vanishes on reboot and a re-prepare writes them again); the checkpoint, saved
+        before, is the durable record.
         """
         replace_file(
             self.spec_path(spec.uid),
@@ -142,7 +142,7 @@ class CDIStore:
             mode=_SPEC_MODE,
             dir_mode=_DIR_MODE,
             crash_points=crash_points,
-            sync_directory=False,
+            survive_power_cut=False,
         )
         return list(spec.device_ids)
 

@@ -95,7 +95,7 @@ class MetadataStore:
     Written after the claim's allocation is committed and before its CDI spec, removed after
     the spec, so a claim with a spec always has its files, and what a crash leaves is a
     file of a claim nobody holds, which the start-up sweep removes (``remove_unheld``). Like
-    the specs they are rewritten by every prepare and need no directory fsync.
+    the specs they are rewritten by every prepare (after a boot too) and are not fsynced.
     """
 
     def __init__(self, driver: str, plugin_data_dir: Path) -> None:
@@ -182,7 +182,7 @@ class MetadataStore:
                 mode=_FILE_MODE,
                 dir_mode=_DIR_MODE,
                 crash_points=crash_points,
-                sync_directory=False,
+                survive_power_cut=False,
             )
 
     def remove_claim(self, ref: ClaimRef) -> None:

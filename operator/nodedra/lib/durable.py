@@ -1,10 +1,12 @@
 """Replacing a file so that a crash at any moment leaves the old or the new content whole.
 
-The checkpoint and the CDI specs are both written this way: a temporary file in the same
-directory (its name starts with "." and ends in ".tmp", which CDI runtimes watching the
-directory ignore), written and fsynced, renamed over the target, and then, for the
-checkpoint, the directory fsynced so that the rename itself survives a power cut. Readers
-see the old file or the new one, never a partial one.
+The checkpoint, the CDI specs and the device metadata are all written this way: a temporary
+file in the same directory (its name starts with "." and ends in ".tmp", which CDI runtimes
+watching the directory ignore), renamed over the target. Readers see the old file or the new
+one, never a partial one, and so does a restart after the process crashed. For the
+checkpoint the file is fsynced before the rename and the directory after it, so that the new
+content survives a power cut too; the specs and metadata are written again by the kubelet's
+prepare after every boot, and skip both (half a millisecond of a prepare on a disk).
 
 A failure after the rename is not a failure like the others: the new content is in place
 (a reader, a restarted process sees it), only its surviving a power cut is in doubt. It
@@ -36,15 +38,16 @@ def replace_file(
     mode: int = 0o600,
     dir_mode: int = 0o700,
     crash_points: faults.WritePoints | None = None,
-    sync_directory: bool = True,
+    survive_power_cut: bool = True,
 ) -> None:
     """Make ``data`` the content of ``path``, atomically and durably; raise on failure.
 
     The directory is created (with ``dir_mode``) if missing. On failure before the rename
     the temporary file is removed and ``path`` is as it was; after it, `NotDurableError`.
     ``crash_points`` name the places inside the sequence where the reliability tests may
-    kill the process. Without ``sync_directory`` a power cut may undo the rename (never a
-    process crash): for files that a restart writes again anyway.
+    kill the process. Without ``survive_power_cut`` nothing is fsynced: a process crash still
+    leaves the old or the new file, a power cut may leave either or an empty one; for files
+    that are written again after a boot anyway.
     """
     directory = path.parent
     directory.mkdir(mode=dir_mode, parents=True, exist_ok=True)
@@ -56,7 +59,8 @@ def replace_file(
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if survive_power_cut:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if crash_points is not None:
@@ -68,7 +72,7 @@ def replace_file(
     try:
         if crash_points is not None:
             faults.crash_point(crash_points.renamed)
-        if sync_directory:
+        if survive_power_cut:
             fsync_directory(directory)
     except Exception as err:
         raise NotDurableError(
