@@ -121,7 +121,7 @@ class ExclusiveCPUPolicy(ABC):
 
     def __init__(self, topology: Topology, config: PolicyConfig) -> None:
         self._topology = topology
-        self._config = self._check_config(config)
+        self._use(self._check_config(config))
         self._ledger = Ledger()
         self._host: PolicyHost | None = None
 
@@ -136,18 +136,26 @@ class ExclusiveCPUPolicy(ABC):
 
         With fullPhysicalCores, only those of cores no reserved CPU splits.
         """
-        if self._config.full_physical_cores:
-            return frozenset().union(*self.whole_cores())
-        return frozenset(self._topology.cpus) - self._config.reserved_cpus
+        return self._grantable
 
     def whole_cores(self) -> list[frozenset[int]]:
         """The cores claims may get with fullPhysicalCores (their online threads), in order.
 
         A core with a reserved thread is none of them. Empty without fullPhysicalCores.
         """
-        if not self._config.full_physical_cores:
-            return []
-        return _whole_cores(self._topology, self._config)
+        return list(self._whole_cores)
+
+    def _use(self, config: PolicyConfig) -> None:
+        """Make ``config`` the one in force, with what follows from it on this topology."""
+        self._config = config
+        self._whole_cores: tuple[frozenset[int], ...] = (
+            tuple(_whole_cores(self._topology, config)) if config.full_physical_cores else ()
+        )
+        self._grantable = (
+            frozenset().union(*self._whole_cores)
+            if config.full_physical_cores
+            else frozenset(self._topology.cpus) - config.reserved_cpus
+        )
 
     # What subclasses say -------------------------------------------------------------
 
@@ -272,7 +280,7 @@ class ExclusiveCPUPolicy(ABC):
                 f"can't reserve CPUs {format_cpu_list(held)}: held by claims "
                 f"{sorted(set(held.values()))}"
             )
-        self._config = checked
+        self._use(checked)
         if self._host is not None:
             self._host.publish_devices(self.devices())
 
