@@ -62,9 +62,14 @@ _NAMESPACE = re.compile(_DNS_LABEL)
 _OBJECT_NAME = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
 
 
+def is_dns_label(name: str) -> bool:
+    """Whether ``name`` is a DNS-1123 label (namespaces, request names, a pod's claim names)."""
+    return len(name) <= 63 and _NAMESPACE.fullmatch(name) is not None
+
+
 def is_valid_namespace(name: str) -> bool:
     """Whether ``name`` can be a namespace's (a DNS-1123 label, as the API requires)."""
-    return len(name) <= 63 and _NAMESPACE.fullmatch(name) is not None
+    return is_dns_label(name)
 
 
 def is_valid_object_name(name: str) -> bool:

@@ -23,17 +23,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodedra.lib import faults
 from nodedra.lib.durable import remove_leftovers, replace_file
 
-from .claims import AllocationResult, ClaimError, ClaimRef
+from .claims import AllocationResult, ClaimError, ClaimRef, is_dns_label
 
 METADATA_DIR = "dra-device-metadata"
 """The directory of the files in the plugin's data directory."""
@@ -49,7 +47,6 @@ ATTRIBUTE_TYPES = frozenset({"int", "bool", "string", "version"})
 
 _FILE_MODE = 0o644  # the containers may run as any user
 _DIR_MODE = 0o755
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 Attributes = Mapping[str, Mapping[str, object]]
 """One device's attributes as in a ResourceSlice: name -> {"int": 1} (or bool, string...)."""
@@ -135,7 +132,7 @@ class MetadataStore:
         pod_claim_name = _pod_claim_name(ref, claim)
         files = []
         for request, indexes in by_request.items():
-            if not _DNS_LABEL.fullmatch(request):
+            if not is_dns_label(request):
                 raise ClaimError(f"claim {ref}: request name {request!r} is not a DNS label")
             devices = [
                 {
@@ -171,9 +168,7 @@ class MetadataStore:
             )
         return ClaimMetadata(tuple(files))
 
-    def write(
-        self, metadata: ClaimMetadata, crash_points: faults.WritePoints | None = None
-    ) -> None:
+    def write(self, metadata: ClaimMetadata) -> None:
         """Write a claim's files, each replaced atomically (a reader never sees half of one)."""
         for file in metadata.files:
             replace_file(
@@ -181,7 +176,6 @@ class MetadataStore:
                 file.content,
                 mode=_FILE_MODE,
                 dir_mode=_DIR_MODE,
-                crash_points=crash_points,
                 survive_power_cut=False,
             )
 
@@ -246,7 +240,7 @@ def _pod_claim_name(ref: ClaimRef, claim: Mapping[str, Any]) -> str | None:
     name = annotations.get(POD_CLAIM_NAME_ANNOTATION) if isinstance(annotations, Mapping) else None
     if name is None or name == "":
         return None
-    if not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
+    if not isinstance(name, str) or not is_dns_label(name):
         raise ClaimError(
             f"claim {ref}: annotation {POD_CLAIM_NAME_ANNOTATION} is {name!r}, not the DNS "
             "label a pod's claim name is"

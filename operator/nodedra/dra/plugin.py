@@ -112,7 +112,12 @@ class Plugin:
         self._gates = GateProbe(self._api, self._options.node_name, self._driver)
         self._metadata = MetadataStore(driver_name, self._plugin_data_dir)
         self._requests = ClaimRequests(
-            driver_name, self._owner, self._policy, (self._cdi, self._metadata), self._api
+            driver_name,
+            self._owner,
+            self._policy,
+            self._api,
+            cdi=self._cdi,
+            metadata=self._metadata,
         )
 
     @property

@@ -58,13 +58,16 @@ class ClaimRequests:
         driver: str,
         owner: Owner,
         policy: ClaimPolicy,
-        files: tuple[CDIStore, MetadataStore],
         api: ClusterAPI,
+        *,
+        cdi: CDIStore,
+        metadata: MetadataStore,
     ) -> None:
         self._driver = driver
         self._owner = owner
         self._policy = policy
-        self._cdi, self._metadata = files
+        self._cdi = cdi
+        self._metadata = metadata
         self._api = api
         self._in_flight = ClaimsInFlight()
 
