@@ -197,13 +197,22 @@ def test_claimed_cpus_and_memory_leave_the_rest_to_ordinary_pods(
         return
     devices = published_devices(cp, node, TOPOLOGY_AWARE)
     field = cluster_profile.node_allocatable_field
-    assert all(set(d[field]) == {"cpu", "memory"} for d in devices), devices
+    # Each NUMA node's huge pages too, of the sizes it has (the fixture's last node has none).
+    mapped = [sorted(d[field]) for d in devices]
+    assert mapped == [
+        ["cpu", "hugepages-1Gi", "hugepages-2Mi", "memory"],
+        ["cpu", "hugepages-2Mi", "memory"],
+        ["cpu", "hugepages-1Gi", "memory"],
+        ["cpu", "memory"],
+    ], devices
 
     create_claim_pod(
         cp, namespace, node, "claimer", TOPOLOGY_AWARE, capacity={"cpu": "3", "memory": "4Gi"}
     )
     pod = wait_accounted(cp, namespace, "claimer")
-    assert accounted(pod) == {claim_name(pod): {"cpu": 3, "memory": 4 * GI}}
+    (claim,) = accounted(pod).values()
+    # The huge pages of the device's sizes are accounted too, as none.
+    assert {name: n for name, n in claim.items() if n} == {"cpu": 3, "memory": 4 * GI}, claim
     (status,) = pod["status"]["nodeAllocatableResourceClaimStatuses"]
     assert status["containers"] == ["demo"]
 
@@ -217,6 +226,16 @@ def test_claimed_cpus_and_memory_leave_the_rest_to_ordinary_pods(
         cp, namespace, node, "too-big-a-claim", TOPOLOGY_AWARE, capacity={"cpu": str(left_cpus + 1)}
     )
     assert "Insufficient cpu" in wait_unschedulable(cp, namespace, "too-big-a-claim")
+    # The node has no huge pages to give (its allocatable has none), whatever a device offers.
+    create_claim_pod(
+        cp,
+        namespace,
+        node,
+        "huge-pages",
+        TOPOLOGY_AWARE,
+        capacity={"cpu": "1", "hugepages_2Mi": "2Mi"},
+    )
+    assert "Insufficient hugepages-2Mi" in wait_unschedulable(cp, namespace, "huge-pages")
 
     create(
         cp,

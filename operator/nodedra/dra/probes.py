@@ -122,6 +122,24 @@ def _node_allocatable_as_in_1_36(device: Device) -> Device:
     return rewritten
 
 
+def _without_node_allocatable(device: Device) -> Device:
+    """The device without its mappings, and without the capacities mapped to huge pages.
+
+    A container may use huge pages only up to what the kubelet accounts to its pod, and a
+    claim's are accounted only through the mapping: without it they would be promised to a
+    claim whose containers cannot touch them.
+    """
+    mapped = {
+        (entry.get("mapping") or {}).get("capacityKey")
+        for resource, entry in (device.get(NODE_ALLOCATABLE_FIELD) or {}).items()
+        if resource.startswith("hugepages-")
+    }
+    bare = {k: v for k, v in device.items() if k != NODE_ALLOCATABLE_FIELD}
+    if mapped & set(device.get("capacity") or {}):
+        bare["capacity"] = {k: v for k, v in device["capacity"].items() if k not in mapped}
+    return bare
+
+
 NODE_ALLOCATABLE_RESOURCES = Gate(
     "DRANodeAllocatableResources",
     {
@@ -133,7 +151,7 @@ NODE_ALLOCATABLE_RESOURCES = Gate(
     },
     lambda device: bool((device.get(NODE_ALLOCATABLE_FIELD) or {}).get("cpu")),
     uses=lambda device: NODE_ALLOCATABLE_FIELD in device,
-    without=lambda device: {k: v for k, v in device.items() if k != NODE_ALLOCATABLE_FIELD},
+    without=_without_node_allocatable,
     node_feature="DRANodeAllocatableResources",
     missing="devices are published without nodeAllocatableResources, so the scheduler counts "
     "the node's CPUs and memory twice, as devices and in the node's allocatable (turn the "

@@ -62,3 +62,18 @@ def whole_positive(text: str | int, what: str) -> int:
     if value <= 0 or value.denominator != 1:
         raise ValueError(f"{what} {text!r} is not a positive whole number")
     return int(value)
+
+
+def binary_quantity(value: int) -> str:
+    """``value`` in the largest binary suffix that keeps it whole: 2097152 is "2Mi".
+
+    How Kubernetes names a huge page size in a resource (``hugepages-2Mi``): a quantity's
+    canonical binary form.
+    """
+    if value < 0:
+        raise ValueError(f"not a size: {value}")
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = int(_SUFFIXES[suffix])
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)

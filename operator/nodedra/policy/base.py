@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
 
+from . import hugepages
 from .config import PolicyConfig
 from .ledger import Grant, Ledger, PolicyError, grant_edits, results_named
 
@@ -168,11 +169,11 @@ class ExclusiveCPUPolicy(ABC):
         """The published attributes of ``device``; PolicyError if it is not one of ours."""
 
     @abstractmethod
-    def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
-        """Grant one result from CPUs nobody holds and that are not in ``taken``.
+    def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
+        """Grant one result from what neither the ledger's claims nor ``earlier`` hold.
 
-        ``taken`` and ``memory`` are what earlier results of the same claim got and are not
-        in the ledger yet. Raises PolicyError when the result cannot be granted.
+        ``earlier`` are the grants of the same claim's results before this one, not in the
+        ledger yet. Raises PolicyError when the result cannot be granted.
         """
 
     @abstractmethod
@@ -245,9 +246,10 @@ class ExclusiveCPUPolicy(ABC):
     def result_attributes(self, uid: str) -> list[Attributes]:
         """Each result's device attributes and what it was granted, for the workload.
 
-        ``cpus`` and ``memoryNodes`` (CPU lists, as in ``Cpus_allowed_list``), and ``memory``
-        (bytes) where the policy accounts memory: what a program reads to learn its CPUs,
-        where it would otherwise parse the names of environment variables.
+        ``cpus`` and ``memoryNodes`` (CPU lists, as in ``Cpus_allowed_list``), ``memory``
+        (bytes) where the policy accounts memory, and ``hugepages_2Mi`` (bytes) and the like
+        for huge pages granted: what a program reads to learn its CPUs, where it would
+        otherwise parse the names of environment variables.
         """
         described = []
         for grant in self._ledger.grants(uid):
@@ -258,6 +260,8 @@ class ExclusiveCPUPolicy(ABC):
             }
             if grant.memory:
                 attributes["memory"] = {"int": grant.memory}
+            for size, amount in grant.hugepages:
+                attributes[hugepages.capacity_name(size)] = {"int": amount}
             described.append(attributes)
         return described
 
@@ -324,10 +328,8 @@ class ExclusiveCPUPolicy(ABC):
     def _grant_all(self, results: Sequence[AllocationResult]) -> list[Grant]:
         grants: list[Grant] = []
         for index, result in enumerate(results):
-            taken = frozenset(cpu for g in grants for cpu in g.cpus)
-            memory = sum(g.memory for g in grants if g.device == result.device)
             try:
-                grants.append(self._grant(result, taken, memory))
+                grants.append(self._grant(result, grants))
             except PolicyError as err:
                 raise PolicyError(
                     f"result {index} (request {result.request}, device {result.device}): {err}"

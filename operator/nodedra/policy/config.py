@@ -7,6 +7,8 @@ nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
 fullPhysicalCores: false    # claims get whole physical cores only
 options:                    # per policy, see the README
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
+  reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
+    2Mi: 64Mi               #   page size: bytes (rounded up to whole pages)
 ```
 
 Parsing checks the file on its own (unknown keys, types, cpu lists); what depends on the
@@ -30,7 +32,11 @@ POLICIES = ("topology-aware", "static")
 OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {
         "topology-aware": MappingProxyType(
-            {"reservedMemory": "memory per NUMA node kept out of claims (a quantity, e.g. 2Gi)"}
+            {
+                "reservedMemory": "memory per NUMA node kept out of claims (a quantity, e.g. 2Gi)",
+                "reservedHugepages": "huge pages per NUMA node kept out of claims, by page size "
+                "(e.g. {2Mi: 64Mi})",
+            }
         ),
         "static": MappingProxyType({}),
     }
@@ -59,6 +65,12 @@ class PolicyConfig:
     def reserved_memory(self) -> int:
         """Bytes per NUMA node the topology-aware policy keeps out of claims."""
         return int(self.options.get("reservedMemory", 0))
+
+    @property
+    def reserved_hugepages(self) -> Mapping[int, int]:
+        """Page size -> bytes of each NUMA node's huge pages kept out of claims."""
+        reserved: Mapping[int, int] = self.options.get("reservedHugepages", MappingProxyType({}))
+        return reserved
 
 
 def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
@@ -110,17 +122,40 @@ def _options(policy: str, raw: object, source: str) -> Mapping[str, Any]:
         )
     options: dict[str, Any] = {}
     if "reservedMemory" in raw:
-        try:
-            memory = parse_quantity(raw["reservedMemory"])
-        except ValueError as err:
-            raise ConfigError(f"{source}: options.reservedMemory: {err}") from None
-        if memory < 0 or memory.denominator != 1:
-            raise ConfigError(
-                f"{source}: options.reservedMemory: {raw['reservedMemory']!r} "
-                "is not a whole, non-negative number of bytes"
-            )
-        options["reservedMemory"] = int(memory)
+        options["reservedMemory"] = _bytes(
+            raw["reservedMemory"], f"{source}: options.reservedMemory"
+        )
+    if "reservedHugepages" in raw:
+        options["reservedHugepages"] = _hugepages(
+            raw["reservedHugepages"], f"{source}: options.reservedHugepages"
+        )
     return MappingProxyType(options)
+
+
+def _bytes(raw: object, where: str) -> int:
+    """A whole, non-negative number of bytes, as a quantity ("2Gi", 1024)."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise ConfigError(f"{where}: not a quantity: {raw!r}")
+    try:
+        value = parse_quantity(raw)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if value < 0 or value.denominator != 1:
+        raise ConfigError(f"{where}: {raw!r} is not a whole, non-negative number of bytes")
+    return int(value)
+
+
+def _hugepages(raw: object, where: str) -> Mapping[int, int]:
+    """Page size -> bytes, from a mapping of quantities such as ``{2Mi: 64Mi, 1Gi: 1Gi}``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must map page sizes to amounts, e.g. {{2Mi: 64Mi}}")
+    reserved = {}
+    for size, amount in raw.items():
+        page = _bytes(size, f"{where}: page size")
+        if page == 0:
+            raise ConfigError(f"{where}: page size {size!r} is not a size")
+        reserved[page] = _bytes(amount, f"{where}[{size}]")
+    return MappingProxyType(reserved)
 
 
 def load_config(path: str | Path) -> PolicyConfig:

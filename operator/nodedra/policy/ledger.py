@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodedra.lib.quantity import binary_quantity
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 
 ENV_PREFIX = "DRA_"
@@ -30,16 +31,21 @@ class Grant:
     memory: int
     """Bytes of memory, taken from the NUMA nodes in ``mems``."""
     mems: frozenset[int]
+    hugepages: tuple[tuple[int, int], ...] = ()
+    """(page size, bytes) of huge pages taken from ``mems``, by page size; none if empty."""
 
     def to_json(self) -> dict[str, Any]:
-        """The checkpoint's form."""
-        return {
+        """The checkpoint's form (no ``hugepages`` key without any: older readers skip it)."""
+        data: dict[str, Any] = {
             "request": self.request,
             "device": self.device,
             "cpus": format_cpu_list(self.cpus),
             "memory": self.memory,
             "mems": format_cpu_list(self.mems),
         }
+        if self.hugepages:
+            data["hugepages"] = {str(size): amount for size, amount in self.hugepages}
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Grant:
@@ -51,11 +57,16 @@ class Grant:
                 cpus=parse_cpu_list(str(data["cpus"])),
                 memory=int(data["memory"]),
                 mems=parse_cpu_list(str(data["mems"])),
+                hugepages=tuple(
+                    sorted((int(size), int(n)) for size, n in data.get("hugepages", {}).items())
+                ),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise PolicyError(f"malformed grant {dict(data)!r}: {err}") from None
         if grant.memory < 0:
             raise PolicyError(f"malformed grant {dict(data)!r}: negative memory")
+        if any(size <= 0 or amount <= 0 for size, amount in grant.hugepages):
+            raise PolicyError(f"malformed grant {dict(data)!r}: huge pages not positive")
         return grant
 
 
@@ -111,6 +122,10 @@ def grant_edits(uid: str, index: int, grant: Grant) -> dict[str, Any]:
             f"{CPUSET_VARIABLE}{suffix}={format_cpu_list(grant.cpus)}",
             f"{ENV_PREFIX}MEMSET_{suffix}={format_cpu_list(grant.mems)}",
             f"{ENV_PREFIX}MEMORY_{suffix}={grant.memory}",
+            *(
+                f"{ENV_PREFIX}HUGEPAGES_{binary_quantity(size)}_{suffix}={amount}"
+                for size, amount in grant.hugepages
+            ),
         ]
     }
 
@@ -147,6 +162,17 @@ class Ledger:
     def memory_used(self, node: int) -> int:
         """Bytes of NUMA node ``node``'s memory granted to claims."""
         return sum(g.memory for grants in self._claims.values() for g in grants if g.mems == {node})
+
+    def hugepages_used(self, node: int, page_size: int) -> int:
+        """Bytes of NUMA node ``node``'s ``page_size`` huge pages granted to claims."""
+        return sum(
+            amount
+            for grants in self._claims.values()
+            for g in grants
+            if g.mems == {node}
+            for size, amount in g.hugepages
+            if size == page_size
+        )
 
     def add(self, uid: str, grants: Sequence[Grant]) -> None:
         """Record claim ``uid``'s grants; refuses a CPU that is already someone's."""

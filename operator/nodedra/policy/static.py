@@ -13,6 +13,7 @@ claim may hold up to 32 cores (64 CPUs with two threads a core) where 32 CPUs is
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nodedra.topology.cpulist import format_cpu_list
@@ -96,10 +97,10 @@ class StaticPolicy(ExclusiveCPUPolicy):
             raise PolicyError(f"unknown device {device}")
         return frozenset({cpu})
 
-    def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
+    def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
         cpus = self._cpus(result.device)
         holders = self._ledger.holders(cpus)
-        if holders or cpus & taken:
+        if holders or any(cpus & grant.cpus for grant in earlier):
             holder = ", ".join(sorted(set(holders.values()))) or "this claim"
             what = f"CPUs {format_cpu_list(cpus)} are" if len(cpus) > 1 else f"CPU {min(cpus)} is"
             raise PolicyError(f"{what} held by claim {holder}")

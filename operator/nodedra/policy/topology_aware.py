@@ -11,17 +11,24 @@ scheduler rounds a claim of 3 CPUs up to 4 on a machine with two threads a core,
 and counts 4 against the node; the policy grants two whole cores. Where a node's cores differ
 in size (a hybrid machine, an offline thread) the step is one CPU, and a count that whole
 free cores cannot make exactly is refused at prepare.
+
+A node's huge pages are offered beside its CPUs, one capacity per page size it has
+(``hugepages_2Mi``, in bytes, a page at a time, none unless asked for), and only with
+``nodeAllocatable``: the kubelet lets a container use huge pages only up to what its pod
+accounts for, and a claim's huge pages are accounted for only through the device's mapping
+to the node's ``hugepages-2Mi``. The memory offered is what the huge page pools leave.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nodedra.lib.quantity import parse_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
-from . import allocatable
+from . import allocatable, hugepages
 from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
@@ -41,6 +48,16 @@ def device_name(node: int) -> str:
     return f"cpudevnuma{node:03d}"
 
 
+class Wants(NamedTuple):
+    """What a result consumed of its device."""
+
+    cpus: int
+    memory: int
+    """Bytes."""
+    hugepages: tuple[tuple[int, int], ...]
+    """(page size, bytes), by page size, for the sizes consumed."""
+
+
 class TopologyAwarePolicy(ExclusiveCPUPolicy):
     """Exclusive CPUs and NUMA-local memory, one device per NUMA node."""
 
@@ -55,9 +72,23 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         ]
 
     def offered_memory(self, node: NUMANode) -> int:
-        """Bytes of ``node``'s memory claims may get: MemTotal less the reserve, in MiB."""
-        offered = max(node.memory - self._config.reserved_memory, 0)
+        """Bytes of ``node``'s memory claims may get, in MiB.
+
+        MemTotal less the huge page pools (the kernel counts them in it, and they are no
+        memory a process can get without asking for huge pages) and less the reserve.
+        """
+        offered = max(node.memory - hugepages.total_bytes(node) - self._config.reserved_memory, 0)
         return offered - offered % MEMORY_STEP
+
+    def offered_hugepages(self, node: NUMANode) -> dict[int, int]:
+        """Page size -> bytes of ``node``'s huge pages claims may get.
+
+        None without the node-allocatable mapping, which is what lets a claim's container
+        use them.
+        """
+        if not self._config.node_allocatable:
+            return {}
+        return hugepages.offered(node, self._config.reserved_hugepages)
 
     def _core_size(self, node: NUMANode) -> int:
         """CPUs a claim on ``node`` takes at a time.
@@ -70,6 +101,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
     def _device(self, node: NUMANode) -> Device:
         cpus = node.cpus & self.grantable
         step = self._core_size(node)
+        pages = self.offered_hugepages(node)
         device: Device = {
             "name": device_name(node.id),
             "attributes": self._attributes_of(node),
@@ -78,6 +110,10 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 MEMORY_CAPACITY: _capacity_of(
                     self.offered_memory(node), minimum=0, step=MEMORY_STEP
                 ),
+                **{
+                    hugepages.capacity_name(size): _capacity_of(amount, minimum=0, step=size)
+                    for size, amount in pages.items()
+                },
             },
             "allowMultipleAllocations": True,
         }
@@ -86,6 +122,12 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 {
                     "cpu": allocatable.from_capacity(CPU_CAPACITY),
                     "memory": allocatable.from_capacity(MEMORY_CAPACITY),
+                    **{
+                        hugepages.resource_name(size): allocatable.from_capacity(
+                            hugepages.capacity_name(size)
+                        )
+                        for size in pages
+                    },
                 },
                 device,
             )
@@ -111,8 +153,8 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 return node
         raise PolicyError(f"unknown device {device}")
 
-    def _wants(self, result: AllocationResult, node: NUMANode) -> tuple[int, int] | None:
-        """(CPUs, bytes) the result consumed; None when it takes the whole device."""
+    def _wants(self, result: AllocationResult, node: NUMANode) -> Wants | None:
+        """What the result consumed; None when it takes the whole device."""
         consumed = result.consumed_capacity
         if not consumed:
             return None
@@ -127,35 +169,77 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         if cpus > offered:
             raise PolicyError(f"consumed {cpus} CPUs of {result.device}, which offers {offered}")
         raw = _capacity(consumed, result.driver, MEMORY_CAPACITY)
-        memory = _whole_bytes(raw) if raw is not None else 0
-        return cpus, memory
+        memory = _whole_bytes(raw, MEMORY_CAPACITY) if raw is not None else 0
+        pages = []
+        for size in self.offered_hugepages(node):
+            name = hugepages.capacity_name(size)
+            raw = _capacity(consumed, result.driver, name)
+            amount = _whole_bytes(raw, name) if raw is not None else 0
+            if amount % size:
+                raise PolicyError(f"consumed {name} {raw!r} is not a whole number of pages")
+            if amount:
+                pages.append((size, amount))
+        return Wants(cpus, memory, tuple(pages))
 
-    def _grant(self, result: AllocationResult, taken: frozenset[int], memory: int) -> Grant:
+    def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
         node = self._node(result.device)
         offered = node.cpus & self.grantable
-        free = offered - self._ledger.allocated_cpus() - taken
-        memory_free = self.offered_memory(node) - self._ledger.memory_used(node.id) - memory
+        same_device = [g for g in earlier if g.device == result.device]
+        free = offered - self._ledger.allocated_cpus().union(*(g.cpus for g in earlier))
+        memory_free = (
+            self.offered_memory(node)
+            - self._ledger.memory_used(node.id)
+            - sum(g.memory for g in same_device)
+        )
+        pages_free = {
+            size: amount
+            - self._ledger.hugepages_used(node.id, size)
+            - sum(n for g in same_device for s, n in g.hugepages if s == size)
+            for size, amount in self.offered_hugepages(node).items()
+        }
         wants = self._wants(result, node)
         if wants is None:  # no consumable capacity: the claim has the whole device
-            if free != offered or memory_free != self.offered_memory(node):
+            if (
+                free != offered
+                or memory_free != self.offered_memory(node)
+                or pages_free != self.offered_hugepages(node)
+            ):
                 raise PolicyError(
                     f"takes the whole of {result.device}, but {len(offered - free)} of its "
-                    "CPUs or some of its memory are held by other claims"
+                    "CPUs or some of its memory or huge pages are held by other claims"
                 )
-            return Grant(result.request, result.device, offered, memory_free, frozenset({node.id}))
-        cpus, bytes_ = wants
-        if cpus > len(free):
-            raise PolicyError(f"{cpus} CPUs asked for, only {len(free)} free on {result.device}")
-        if bytes_ > memory_free:
-            raise PolicyError(
-                f"{bytes_} bytes of memory asked for, only {memory_free} free on {result.device}"
+            whole = tuple((size, n) for size, n in pages_free.items() if n)
+            return Grant(
+                result.request, result.device, offered, memory_free, frozenset({node.id}), whole
             )
-        picked = pick_cpus(self._topology, free, cpus)
+        if wants.cpus > len(free):
+            raise PolicyError(
+                f"{wants.cpus} CPUs asked for, only {len(free)} free on {result.device}"
+            )
+        if wants.memory > memory_free:
+            raise PolicyError(
+                f"{wants.memory} bytes of memory asked for, only {memory_free} free on "
+                f"{result.device}"
+            )
+        for size, amount in wants.hugepages:
+            if amount > pages_free[size]:
+                raise PolicyError(
+                    f"{amount} bytes of {hugepages.capacity_name(size)} asked for, only "
+                    f"{pages_free[size]} free on {result.device}"
+                )
+        picked = pick_cpus(self._topology, free, wants.cpus)
         if not self._whole(picked):
             raise PolicyError(
-                f"{cpus} CPUs are no whole number of the free cores of {result.device}"
+                f"{wants.cpus} CPUs are no whole number of the free cores of {result.device}"
             )
-        return Grant(result.request, result.device, picked, bytes_, frozenset({node.id}))
+        return Grant(
+            result.request,
+            result.device,
+            picked,
+            wants.memory,
+            frozenset({node.id}),
+            wants.hugepages,
+        )
 
     def _whole(self, cpus: frozenset[int]) -> bool:
         """Whether ``cpus`` are whole cores, or need not be (without fullPhysicalCores)."""
@@ -173,7 +257,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
 
     def _matches(self, result: AllocationResult, grant: Grant) -> bool:
         wants = self._wants(result, self._node(result.device))
-        return wants is None or wants == (len(grant.cpus), grant.memory)
+        return wants is None or wants == (len(grant.cpus), grant.memory, grant.hugepages)
 
     def _check_node_config(self, config: PolicyConfig) -> None:
         if not any(n.cpus - config.reserved_cpus for n in self._topology.nodes.values()):
@@ -204,11 +288,11 @@ def _capacity(consumed: Any, driver: str, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _whole_bytes(raw: str) -> int:
+def _whole_bytes(raw: str, name: str) -> int:
     try:
         value = parse_quantity(raw)
     except ValueError as err:
-        raise PolicyError(f"consumed {MEMORY_CAPACITY}: {err}") from None
+        raise PolicyError(f"consumed {name}: {err}") from None
     if value < 0 or value != Fraction(int(value)):
-        raise PolicyError(f"consumed {MEMORY_CAPACITY} {raw!r} is not a whole number of bytes")
+        raise PolicyError(f"consumed {name} {raw!r} is not a whole number of bytes")
     return int(value)

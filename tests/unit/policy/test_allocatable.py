@@ -17,12 +17,28 @@ def devices(policy: str, **config: Any) -> list[dict[str, Any]]:
     return make_policy(topology(SHAPE), parse_config({"policy": policy, **config})).devices()
 
 
-def test_topology_aware_maps_its_cpu_and_memory_capacities() -> None:
+def test_topology_aware_maps_its_cpu_memory_and_huge_page_capacities() -> None:
+    """Each NUMA node's huge pages, of the sizes it has (node 3 has none), one to one."""
+    mapped = {
+        d["name"]: sorted(r for r in d[FIELD] if r.startswith("hugepages-"))
+        for d in devices("topology-aware")
+    }
+    assert mapped == {
+        "cpudevnuma000": ["hugepages-1Gi", "hugepages-2Mi"],
+        "cpudevnuma001": ["hugepages-2Mi"],
+        "cpudevnuma002": ["hugepages-1Gi"],
+        "cpudevnuma003": [],
+    }
     for device in devices("topology-aware"):
-        assert device[FIELD] == {
+        assert {r: m for r, m in device[FIELD].items() if not r.startswith("hugepages-")} == {
             "cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}},
             "memory": {"mapping": {"capacityKey": "memory", "capacityMultiplier": "1"}},
         }
+        for resource in mapped[device["name"]]:
+            size = resource.removeprefix("hugepages-")
+            assert device[FIELD][resource] == {
+                "mapping": {"capacityKey": f"hugepages_{size}", "capacityMultiplier": "1"}
+            }
 
 
 def test_static_maps_one_cpu_per_device() -> None:

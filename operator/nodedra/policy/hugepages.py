@@ -1,0 +1,52 @@
+"""Huge pages as the topology-aware policy offers them: names, sizes, what a node has to give.
+
+A NUMA node's huge pages are reserved by the kernel at boot (or through sysfs) in pools of
+one page size each; the policy offers each pool of each node as a capacity of that node's
+device, in bytes, taken a page at a time. Bytes, not pages, because the node's allocatable
+resource they stand for (``hugepages-2Mi``) is in bytes: a claim asks for ``64Mi`` of
+``hugepages_2Mi`` as a pod asks for ``64Mi`` of ``hugepages-2Mi``, and the node-allocatable
+mapping carries it over one to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nodedra.lib.quantity import binary_quantity
+from nodedra.topology.model import NUMANode
+
+
+def capacity_name(page_size: int) -> str:
+    """The device capacity of ``page_size`` pages: ``hugepages_2Mi``.
+
+    Capacity names must be C identifiers, so not the resource's ``hugepages-2Mi``.
+    """
+    return f"hugepages_{binary_quantity(page_size)}"
+
+
+def resource_name(page_size: int) -> str:
+    """The node allocatable resource of ``page_size`` pages, as the kubelet names it."""
+    return f"hugepages-{binary_quantity(page_size)}"
+
+
+def pools(node: NUMANode) -> dict[int, int]:
+    """Page size -> bytes of huge pages ``node`` has, for the sizes it has any of."""
+    return {size: size * count for size, count in sorted(node.hugepages.items()) if count}
+
+
+def offered(node: NUMANode, reserved: Mapping[int, int]) -> dict[int, int]:
+    """Page size -> bytes claims may get of ``node``'s huge pages.
+
+    What the node has less what the configuration keeps out of claims, in whole pages (a
+    reservation that is not one is rounded up to the next page).
+    """
+    offers = {}
+    for size, total in pools(node).items():
+        kept = -(-reserved.get(size, 0) // size) * size
+        offers[size] = max(total - kept, 0)
+    return offers
+
+
+def total_bytes(node: NUMANode) -> int:
+    """Bytes of ``node``'s memory that its huge page pools take, whatever their size."""
+    return sum(pools(node).values())
