@@ -230,13 +230,15 @@ CONTAINERD_ROOT = "/var/lib/containerd"
 #: containerd's configuration in the guest, as a production node has it: default paths,
 #: runc through systemd's cgroup driver (``SystemdCgroup``: runc asks systemd for a scope and
 #: sets cpusets as its ``AllowedCPUs``/``AllowedMemoryNodes``), CDI specs from the two
-#: standard directories, NRI on its default socket, and the pause image pinned (it is
-#: imported, never pulled).
+#: standard directories, NRI on its default socket, the pause image pinned (it is imported,
+#: never pulled), and the hugetlb controller kept, as a node that offers huge pages needs
+#: (containerd's default drops every container's huge page limit, the kubelet's included).
 CONTAINERD_CONFIG = f"""\
 version = 3
 
 [plugins.'io.containerd.cri.v1.runtime']
   cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+  disable_hugetlb_controller = false
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd]
   default_runtime_name = 'runc'

@@ -8,7 +8,10 @@
 // DRA driver gave the container. With WORKLOAD_REPORT_INTERVAL set (a Go duration such as
 // "2s"), it reports again at that interval, so a test can watch a running container being
 // re-pinned. Each report also holds the device metadata files DRA drivers mounted into the
-// container (KEP-5304, under /var/run/kubernetes.io/dra-device-attributes), by path. It sleeps until SIGTERM or SIGINT and then exits 0.
+// container (KEP-5304, under /var/run/kubernetes.io/dra-device-attributes), by path. With
+// WORKLOAD_HUGEPAGES set (byte counts, comma-separated), the start report says whether each
+// amount of huge pages could be mapped and touched (see hugepages.go). It sleeps until
+// SIGTERM or SIGINT and then exits 0.
 package main
 
 import (
@@ -36,6 +39,7 @@ type report struct {
 	Cgroup          cpusetCgroup      `json:"cgroup"`
 	Env             map[string]string `json:"env"`
 	DeviceMetadata  map[string]string `json:"device_metadata"`
+	HugePages       map[string]string `json:"hugepages,omitempty"`
 	Errors          []string          `json:"errors,omitempty"`
 }
 
@@ -62,9 +66,12 @@ func main() {
 
 	out := json.NewEncoder(os.Stdout)
 	seq := 0
+	hugePages := hugePageTrials()
 	emit := func(event string) {
 		seq++
-		if err := out.Encode(observe(event, seq, prefixes)); err != nil {
+		r := observe(event, seq, prefixes)
+		r.HugePages = hugePages
+		if err := out.Encode(r); err != nil {
 			fmt.Fprintln(os.Stderr, "workload: write report:", err)
 		}
 	}
