@@ -1,4 +1,4 @@
-"""The results as Markdown tables, for bench/results/latest.md and the README."""
+"""The results as Markdown tables, for bench/results/latest.md and docs/performance.md."""
 
 from __future__ import annotations
 

@@ -177,7 +177,8 @@ RETRY_SECONDS = (0.5, 30.0)
 """First and longest wait, in seconds, before a failed status write is tried again."""
 REFUSED = (400, 422)
 """Answers to a status write that trying again would only repeat: the server finds it
-invalid (say, for a claim whose opaque parameters it re-encodes differently, see README)."""
+invalid (say, for a claim whose opaque parameters it re-encodes differently, see
+docs/operations.md, "The ResourceClaim watch")."""
 
 
 class _WriteFailedError(Exception):

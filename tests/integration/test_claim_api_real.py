@@ -342,7 +342,7 @@ def test_status_of_a_claim_written_by_a_python_client_is_refused_upstream(
     claim whose parameters are not compact JSON with sorted keys (as Python clients write
     them) cannot get a status.devices entry. nodedra logs that and goes on (the claim is
     prepared all the same); this test notices when a Kubernetes release changes it, so the
-    README's note can go."""
+    note in docs/operations.md ("The ResourceClaim watch") can go."""
     claim = allocate(
         control_plane,
         create_claim(control_plane, namespace, "pythonic", driver),

@@ -1,13 +1,16 @@
-"""The examples of docs/latency-sensitive-workloads.md, as the API server and nodedra take them.
+"""The examples of docs/latency-sensitive-workloads.md and docs/configuration.md, as the API
+server and nodedra take them.
 
 Each YAML block is either a Kubernetes object, created on the real API server with a dry run
 and strict field validation (a misspelt field fails), or a nodedra configuration, parsed and
-given to its policy on the fixture machine the page describes (28 cores of two threads).
+given to its policy on the fixture machine the latency page describes (28 cores of two
+threads).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,14 +22,15 @@ from tests.peers.controlplane import ControlPlane
 from tests.reliability.helpers import ROOT, SYSFS
 
 PAGE = ROOT / "docs" / "latency-sensitive-workloads.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 COLLECTIONS = {
     "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates",
     "Pod": "/api/v1/namespaces/{}/pods",
 }
 
 
-def examples() -> list[dict[str, Any]]:
-    blocks = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.DOTALL)
+def examples(page: Path = PAGE) -> list[dict[str, Any]]:
+    blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(), re.DOTALL)
     return [yaml.safe_load(block) for block in blocks]
 
 
@@ -53,8 +57,26 @@ def test_each_configuration_is_taken_on_the_machine_it_is_written_for(
     assert len(policy.whole_cores()) == 27, "CPUs 0 and 28 are one core, reserved whole"
 
 
+def test_the_configuration_page_has_its_examples() -> None:
+    kinds = [e.get("kind") or f"config of {e['policy']}" for e in examples(CONFIGURATION)]
+    assert sorted(kinds) == [
+        "ResourceClaimTemplate",
+        "ResourceClaimTemplate",
+        "config of topology-aware",
+    ]
+
+
 @pytest.mark.parametrize(
-    "example", [e for e in examples() if "kind" in e], ids=lambda e: e["metadata"]["name"]
+    "example", [e for e in examples(CONFIGURATION) if "kind" not in e], ids=lambda e: e["policy"]
+)
+def test_the_configuration_page_s_file_is_taken(example: dict[str, Any]) -> None:
+    make_policy(read_topology(SYSFS), parse_config(example))
+
+
+@pytest.mark.parametrize(
+    "example",
+    [e for page in (PAGE, CONFIGURATION) for e in examples(page) if "kind" in e],
+    ids=lambda e: e["metadata"]["name"],
 )
 def test_each_object_is_valid_for_the_api_server(
     control_plane: ControlPlane, namespace: str, example: dict[str, Any]

@@ -1,6 +1,7 @@
 """Containers wait for nodedra where containerd requires it: a real node (kubelet, containerd,
 runc) whose containerd runs NRI's default validator with ``required_plugins = ['nodedra']``
-(README "Pinning containers"; ``RealNode(require_nodedra=True)``).
+(docs/pinning.md, "Holding containers while nodedra is down";
+``RealNode(require_nodedra=True)``).
 
 Without it, a container created while nodedra is down runs on every CPU, claimed ones
 included, until nodedra's Synchronize (test_node_pinning.py's restart test shows that). With

@@ -142,8 +142,9 @@ class RealNode:
     ``nri_socket`` where it serves NRI; both default to paths in ``workdir``.
     ``kubelet_config`` is merged over the node's KubeletConfiguration (top-level keys).
     ``require_nodedra`` turns on NRI's default validator in the runtime with nodedra as a
-    required plugin (README "Pinning containers"): while nodedra is not connected, the runtime
-    refuses to create a container unless its pod carries TOLERATE_MISSING_PLUGINS_ANNOTATION.
+    required plugin (docs/pinning.md, "Holding containers while nodedra is down"): while
+    nodedra is not connected, the runtime refuses to create a container unless its pod carries
+    TOLERATE_MISSING_PLUGINS_ANNOTATION.
     """
 
     def __init__(

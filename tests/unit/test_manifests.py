@@ -27,7 +27,7 @@ from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 SAMPLES = MANIFESTS / "samples"
-README = ROOT / "README.md"
+PINNING = ROOT / "docs" / "pinning.md"
 NAMESPACE = "nodedra"
 SAMPLES_NAMESPACE = "nodedra-demo"
 SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:nodedra"
@@ -324,11 +324,12 @@ def test_daemonset_pod_settings() -> None:
     assert ready["port"] in ("metrics", 9464)
 
 
-def _readme_validators() -> list[dict[str, Any]]:
-    """The configurations README "Pinning containers" gives for requiring nodedra, one per
-    runtime (its toml blocks): containerd's default validator table, and CRI-O's with its
-    keys as containerd's names them."""
-    section = README.read_text().split("\n## Pinning containers\n", 1)[1].split("\n## ", 1)[0]
+def _pinning_page_validators() -> list[dict[str, Any]]:
+    """The configurations docs/pinning.md ("Holding containers while nodedra is down") gives
+    for requiring nodedra, one per runtime (its toml blocks): containerd's default validator
+    table, and CRI-O's with its keys as containerd's names them."""
+    heading = "\n## Holding containers while nodedra is down\n"
+    section = PINNING.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     containerd, crio = (tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", section, re.S))
     crio_table = crio["crio"]["nri"]["default_validator"]
     return [
@@ -343,11 +344,11 @@ def _readme_validators() -> list[dict[str, Any]]:
     ]
 
 
-def test_readme_s_validator_requires_nodedra_and_lets_the_daemonset_start() -> None:
+def test_pinning_page_s_validator_requires_nodedra_and_lets_the_daemonset_start() -> None:
     """Where containerd requires nodedra, nodedra's own pod must be created without it: the
-    DaemonSet carries the annotation the README's configuration names, with a value the
+    DaemonSet carries the annotation the pinning page's configuration names, with a value the
     validator reads as true (Go's strconv.ParseBool), on the pod (all of its containers)."""
-    for validator in _readme_validators():
+    for validator in _pinning_page_validators():
         assert validator["enable"] is True
         # The validator matches a plugin by its name or by <index>-<name>: the name holds
         # whatever index nodedra is given.

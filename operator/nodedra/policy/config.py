@@ -5,7 +5,7 @@ policy: topology-aware      # or: static
 reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
 nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
 fullPhysicalCores: false    # claims get whole physical cores only
-options:                    # per policy, see the README
+options:                    # per policy, see docs/configuration.md
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
   reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
     2Mi: 64Mi               #   page size: bytes (rounded up to whole pages)

@@ -325,7 +325,7 @@ def test_a_conflict_reads_the_claim_again(node: Node) -> None:
 
 
 def test_a_status_the_server_finds_invalid_is_not_tried_again(node: Node) -> None:
-    """As for claims whose opaque parameters the server re-encodes (see the README)."""
+    """As for claims whose opaque parameters the server re-encodes (docs/operations.md)."""
     ref = one_cpu_claim(node)
     node.manager.plugin.node_prepare([ref])
     failing = FailingApply(node, KubeAPIError(422, "field is immutable"), lambda: None)
