@@ -1,5 +1,5 @@
-"""The examples of docs/latency-sensitive-workloads.md and docs/configuration.md, as the API
-server and nodedra take them.
+"""The examples of docs/latency-sensitive-workloads.md, docs/configuration.md and
+docs/hugepages.md, as the API server and nodedra take them.
 
 Each YAML block is either a Kubernetes object, created on the real API server with a dry run
 and strict field validation (a misspelt field fails), or a nodedra configuration, parsed and
@@ -23,7 +23,9 @@ from tests.reliability.helpers import ROOT, SYSFS
 
 PAGE = ROOT / "docs" / "latency-sensitive-workloads.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
+HUGEPAGES = ROOT / "docs" / "hugepages.md"
 COLLECTIONS = {
+    "ResourceClaim": "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims",
     "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates",
     "Pod": "/api/v1/namespaces/{}/pods",
 }
@@ -73,9 +75,19 @@ def test_the_configuration_page_s_file_is_taken(example: dict[str, Any]) -> None
     make_policy(read_topology(SYSFS), parse_config(example))
 
 
+def test_the_huge_pages_page_s_reservation_is_kept_out_of_claims() -> None:
+    """The fixture machine's node 0 has 1024 pages of 2 MiB and 4 of 1 GiB."""
+    kinds = [e.get("kind") or f"config of {e['policy']}" for e in examples(HUGEPAGES)]
+    assert sorted(kinds) == ["ResourceClaim", "config of topology-aware"]
+    (config,) = [e for e in examples(HUGEPAGES) if "kind" not in e]
+    device, *_ = make_policy(read_topology(SYSFS), parse_config(config)).devices()
+    offered = {name: c["value"] for name, c in device["capacity"].items() if "hugepages" in name}
+    assert offered == {"hugepages_2Mi": str((2048 - 64) << 20), "hugepages_1Gi": str(3 << 30)}
+
+
 @pytest.mark.parametrize(
     "example",
-    [e for page in (PAGE, CONFIGURATION) for e in examples(page) if "kind" in e],
+    [e for page in (PAGE, CONFIGURATION, HUGEPAGES) for e in examples(page) if "kind" in e],
     ids=lambda e: e["metadata"]["name"],
 )
 def test_each_object_is_valid_for_the_api_server(
