@@ -5,9 +5,9 @@ either way the settings come from ``nodedra.settings`` (flags or environment var
 
 Only event handlers watch objects: kopf then never writes to them, so no finalizer and no
 kopf annotation ends up on a ResourceSlice. The ResourceSlice watch is narrowed on the
-server to our node and driver. ResourceClaims are watched by ``nodedra.claimfeed``, started
-with the runtime: that watch sees every claim of the cluster, and kopf would keep state for
-each of them before a handler could drop it.
+server to our node and driver. ResourceClaims are watched by ``nodedra.claims.watch``,
+started with the runtime: that watch sees every claim of the cluster, and kopf would keep
+state for each of them before a handler could drop it.
 """
 
 from __future__ import annotations

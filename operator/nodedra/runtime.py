@@ -19,8 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from nodedra import httpserver
-from nodedra.claimfeed import ClaimFeed
-from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
+from nodedra.claims import ClaimFeed, ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
 from nodedra.dra.requests import FETCH_WORKERS

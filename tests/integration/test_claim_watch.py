@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from nodedra.claimfeed import ClaimFeed
-from nodedra.claimwatch import ClaimIndex
+from nodedra.claims.index import ClaimIndex
+from nodedra.claims.watch import ClaimFeed
 from nodedra.dra import ClaimRef, KubeAPIError
 from tests.conftest import admin_client
 from tests.integration.test_claim_api_real import allocate, allocation, claims_path, create_claim
@@ -268,7 +268,7 @@ def test_a_list_is_streamed_or_else_paged(
     ours = {allocated(cp, "watch", f"ours-{uuid.uuid4().hex[:6]}", driver, NODE) for _ in range(3)}
     allocated(cp, "watch", f"elsewhere-{uuid.uuid4().hex[:6]}", driver, "node-b")
     allocated(cp, "watch", f"other-{uuid.uuid4().hex[:6]}", "gpu.example.com", NODE)
-    with admin_client(cp) as api, caplog.at_level(logging.INFO, "nodedra.claimfeed"):
+    with admin_client(cp) as api, caplog.at_level(logging.INFO, "nodedra.claims.watch"):
         watch = start_watch(api, page_size=2)
         watch.wait(ours)
         watch.feed.stop()

@@ -47,7 +47,7 @@ OTHER_PROGRAMS_FLAGS = {
 REPO_DIRS = (".ci", "bench", "charts", "deploy", "docs", "grpc_gen", "image", "manifests")
 REPO_DIRS_PATTERN = "|".join(re.escape(d) for d in (*REPO_DIRS, "operator", "tests"))
 #: Subpackages of nodedra, which the architecture page names without operator/nodedra/.
-PACKAGES = ("dra", "nri", "resmgr", "policy", "topology", "lib", "nodedra")
+PACKAGES = ("dra", "nri", "resmgr", "claims", "policy", "topology", "lib", "nodedra")
 SOURCE = ROOT / "operator" / "nodedra"
 
 

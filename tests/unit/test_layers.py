@@ -37,6 +37,7 @@ def loaded_by(module: str) -> set[str]:
             {"nodedra.dra", "nodedra.policy", "nodedra.resmgr", "kopf", "kubernetes", "grpc"},
         ),
         ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
+        ("nodedra.claims", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
     ],
 )
 def test_imports_point_down(module: str, forbidden: set[str]) -> None:

@@ -4,14 +4,14 @@ It holds the one lock that every kubelet request, every runtime event and every 
 policy state takes, makes each allocation durable before the plugin writes the claim's CDI
 spec, and runs the start-up in the order that leaves nothing unaccounted: load the
 checkpoint, let the policy take its claims back, remove the specs of claims nobody holds,
-connect to the container runtime, register and publish, and only then serve claims.
+connect to the container runtime (or stand by while another instance is: ``nrirole``),
+register and publish, and only then serve claims.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,20 +24,16 @@ from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSet
 from nodedra.dra.claims import claim_ref
 from nodedra.lib import faults
 from nodedra.lib.durable import NotDurableError
-from nodedra.lib.locks import FileLock
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
 from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
 
 from .batchlock import BatchLock
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
 from .containers import ContainerPinner, reserved_pods
+from .nrirole import NRIRole
 from .pinning import Reservation
 
 log = logging.getLogger(__name__)
-
-
-NRI_ROLE_LOCK = "nri.lock"
-"""Held by the one instance of a node that is connected to the runtime (rolling updates)."""
 
 
 @dataclass(kw_only=True)
@@ -79,9 +75,7 @@ class ResourceManager:
         self._updates_due = False
         self.containers: ContainerPinner | None = None
         self.nri: NRIPlugin | None = None
-        self._nri_role = FileLock(self.plugin.plugin_data_dir / NRI_ROLE_LOCK)
-        self._nri_waiter: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._nri_role: NRIRole | None = None
         if options.pinning != "off":
             self.containers = ContainerPinner(
                 lock=lambda: self,
@@ -93,6 +87,7 @@ class ResourceManager:
                 on_changed=self._request_updates,
             )
             self.nri = NRIPlugin(self.containers, options.nri)
+            self._nri_role = NRIRole(self.nri, self.containers, self.plugin.plugin_data_dir)
             self._nri_socket = options.nri.socket_path
         self._saved: tuple[int, int] | None = None
         """The checkpoint file we wrote or read last; None until the first start."""
@@ -261,17 +256,11 @@ class ResourceManager:
 
     def runtime_ready(self) -> bool:
         """Whether containers are pinned now: connected, or another instance is."""
-        if self.containers is None:
-            return False
-        return self.containers.connected or not self._nri_role.held
+        return self._nri_role is not None and self._nri_role.ready()
 
     def runtime_detail(self) -> str:
         """The runtime connection in words."""
-        if self.containers is None:
-            return "pinning is off"
-        if not self._nri_role.held:
-            return "standing by: another instance of nodedra on this node pins containers"
-        return self.containers.detail
+        return "pinning is off" if self._nri_role is None else self._nri_role.detail()
 
     def request_shutdown(self, reason: str) -> None:
         """Hand ``reason`` to whoever runs the process; safe from any thread."""
@@ -332,9 +321,11 @@ class ResourceManager:
                 *self.plugin.metadata.remove_leftovers(),
             ):
                 log.info("removed %s, left by a write that a crash interrupted", leftover)
-        self._start_pinning()
+        if self._nri_role is not None:
+            self._nri_role.start()  # connects, or stands by while another instance is
         self.plugin.start()
-        if self.pinning_mode != "required" or not self._nri_role.held:
+        connecting = self._nri_role is not None and not self._nri_role.standing_by
+        if self.pinning_mode != "required" or not connecting:
             # Otherwise the runtime's first Synchronize allows them (ContainerPinner).
             self.plugin.allow_claims()
         log.info(
@@ -344,31 +335,6 @@ class ResourceManager:
             self.pinning_mode,
         )
 
-    def _start_pinning(self) -> None:
-        """Connect to the runtime, unless another instance of the node is connected.
-
-        Two instances connected at once would both set the cpuset of every container, which
-        the runtime refuses. So the instance that holds the role lock connects, and the
-        other waits for it: during a rolling update the old one pins until it stops.
-        """
-        if self.nri is None:
-            return
-        if self._nri_role.acquire(blocking=False):
-            self.nri.start()
-            return
-        log.info("another instance of nodedra pins this node's containers: standing by")
-        self._nri_waiter = threading.Thread(target=self._take_over, name="nri-standby")
-        self._nri_waiter.daemon = True
-        self._nri_waiter.start()
-
-    def _take_over(self) -> None:
-        while not self._stopping.wait(0.5):
-            if self._nri_role.acquire(blocking=False):
-                assert self.nri is not None
-                log.info("the other instance stopped pinning: taking over the runtime connection")
-                self.nri.start()
-                return
-
     def stop(self) -> None:
         """Stop serving (outside the lock: requests in flight hold it), then save.
 
@@ -376,12 +342,8 @@ class ResourceManager:
         up first: during a rolling update the other instance may have committed since.
         """
         self.plugin.stop()
-        self._stopping.set()
-        if self._nri_waiter is not None:
-            self._nri_waiter.join()
-        if self.nri is not None and self._nri_role.held:
-            self.nri.stop()
-        self._nri_role.release()
+        if self._nri_role is not None:
+            self._nri_role.stop()
         with self.plugin.instance_lock.held(), self:
             self._save()
 

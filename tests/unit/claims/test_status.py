@@ -1,8 +1,7 @@
-"""The claim index, claim status, orphan reports and the configuration watcher."""
+"""The claim status writer: what it writes, when, and how it tries again."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -13,98 +12,14 @@ from typing import Any
 
 import pytest
 
-from nodedra.claimwatch import ClaimIndex, OrphanTracker, StatusWriter
-from nodedra.configwatch import ConfigWatcher
+from nodedra.claims.status import StatusWriter
 from nodedra.dra import ClaimRef, KubeAPIError, RequestReport
 from nodedra.observability import ClaimWatchCounts, Metrics, StatusCounts
-from nodedra.policy import PolicyConfig, PolicyError
 from nodedra.topology import format_cpu_list
 from tests.peers.cluster import poll
-from tests.unit.dra.fakes import NODE, make_claim, result
+from tests.unit.claims.helpers import TA
+from tests.unit.dra.fakes import NODE, result
 from tests.unit.resmgr.test_manager import Node
-
-TA = "topology-aware.nri.io"
-
-
-def ours(uid: str, **extra: object) -> dict[str, Any]:
-    return make_claim(uid, [result("req", "cpudevnuma000", driver=TA, pool=NODE, **extra)])
-
-
-def test_index_keeps_only_claims_allocated_to_us() -> None:
-    index = ClaimIndex(TA, NODE)
-    assert index.observe(None, ours("a")) == ClaimRef("default", "claim-a", "a")
-    assert (
-        index.observe("ADDED", make_claim("b", [result("r", "d", driver="gpu.example.com")]))
-        is None
-    )
-    assert (
-        index.observe(
-            "ADDED", make_claim("c", [result("r", "cpudevnuma000", driver=TA, pool="other-node")])
-        )
-        is None
-    )
-    unallocated = ours("d")
-    del unallocated["status"]["allocation"]
-    assert index.observe("MODIFIED", unallocated) is None
-    assert index.observe("MODIFIED", {"metadata": {}}) is None  # malformed: ignored
-    assert index.uids() == {"a"}
-    deallocated = ours("a")
-    del deallocated["status"]["allocation"]
-    index.observe("MODIFIED", deallocated)
-    assert index.uids() == set()
-    index.observe("ADDED", ours("e"))
-    index.observe("DELETED", ours("e"))
-    assert len(index) == 0
-
-
-def test_a_list_drops_the_claims_deleted_while_nobody_watched() -> None:
-    index = ClaimIndex(TA, NODE)
-    for uid in ("a", "b"):
-        index.observe("ADDED", ours(uid))
-    assert not index.synced
-    index.listed({"b"})
-    assert index.uids() == {"b"}
-    assert index.synced
-
-
-def test_the_index_is_synced_only_while_a_watch_follows_the_cluster() -> None:
-    index = ClaimIndex(TA, NODE)
-    index.following()  # a watch before any list: resumed from nothing, so
-    index.lost()
-    assert (index.synced, index.stretch()) == (False, None)
-    index.listed(set())
-    assert (index.synced, index.stretch()) == (True, 2)
-    index.following()  # the watch after a paged list: the same stretch
-    assert index.stretch() == 2
-    index.lost()  # the watch failed or ended
-    assert (index.synced, index.stretch()) == (False, None)
-    index.following()  # the server took the watch resumed from the last version seen
-    assert (index.synced, index.stretch()) == (True, 3)
-    index.lost()
-    index.listed(set())  # or the version was gone: listed again
-    assert (index.synced, index.stretch()) == (True, 4)
-
-
-def event_line(kind: str, claim: dict[str, Any]) -> bytes:
-    return json.dumps({"type": kind, "object": claim}, separators=(",", ":")).encode()
-
-
-def test_only_events_naming_our_driver_and_pool_or_our_claims_are_worth_parsing() -> None:
-    index = ClaimIndex(TA, NODE)
-    other_driver = make_claim("b", [result("r", "d", driver="gpu.example.com", pool=NODE)])
-    other_node = make_claim("c", [result("r", "cpudevnuma000", driver=TA, pool="other-node")])
-    assert index.mentioned_in(event_line("ADDED", ours("a")))
-    assert not index.mentioned_in(event_line("ADDED", other_driver))
-    assert not index.mentioned_in(event_line("ADDED", other_node))
-    # A claim of ours, deallocated: only its UID says it is ours, once it is indexed.
-    index.observe("ADDED", ours("a"))
-    deallocated = ours("a")
-    del deallocated["status"]["allocation"]
-    assert index.mentioned_in(event_line("MODIFIED", deallocated))
-    index.observe("MODIFIED", deallocated)
-    assert not index.mentioned_in(event_line("MODIFIED", deallocated))
-    # A prefix of a name is not the name.
-    assert not ClaimIndex(TA, NODE[:-1]).mentioned_in(event_line("ADDED", ours("a")))
 
 
 @pytest.fixture
@@ -258,7 +173,7 @@ def test_a_failed_status_write_is_tried_again_with_backoff_until_written(
     node.manager.plugin.node_prepare([ref])
     node.cluster.fail_next = [KubeAPIError(503, "the API server is busy")] * 5
     writer = fast_writer(node)
-    with caplog.at_level(logging.WARNING, "nodedra.claimwatch"):
+    with caplog.at_level(logging.WARNING, "nodedra.claims.status"):
         writer.start()
         writer.request_done(prepared(ref))
         wait_for("the status to be written", lambda: writer.counts().written == 1)
@@ -396,136 +311,3 @@ def test_status_after_a_prepare_reuses_its_claim_and_waits_for_no_lock(node: Nod
     (entry,) = node.cluster.claims[("default", "claim-u1")]["status"]["devices"]
     (grant,) = node.manager.policy.grants("u1")
     assert entry["data"]["cpus"] == format_cpu_list(grant.cpus)
-
-
-def test_orphans_after_grace(caplog: pytest.LogCaptureFixture) -> None:
-    index = ClaimIndex(TA, NODE)
-    held = {"a", "b"}
-    now = [100.0]
-    tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
-    index.observe(None, ours("a"))
-    now[0] += 3600  # before the watch has listed, a claim missing from the index means nothing
-    assert tracker.check() is None
-    index.listed({"a"})
-    assert tracker.check() == frozenset()
-    now[0] += 59
-    assert tracker.check() == frozenset()
-    now[0] += 1
-    with caplog.at_level(logging.WARNING):
-        assert tracker.check() == frozenset({"b"})
-        assert tracker.check() == frozenset({"b"})
-    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
-    assert (
-        "claim b is held here but its ResourceClaim has been gone" in caplog.records[0].getMessage()
-    )
-    held.discard("b")
-    assert tracker.check() == frozenset()
-
-
-def test_no_orphans_from_an_index_that_is_not_synced_and_no_grace_time_either() -> None:
-    """While the watch fails, claims made meanwhile never reach the index: they must not
-    count as missing, and the time without a watch must not count as missing time."""
-    index = ClaimIndex(TA, NODE)
-    held = {"gone"}
-    now = [0.0]
-    tracker = OrphanTracker(index, lambda: frozenset(held), grace=60, clock=lambda: now[0])
-    index.listed(set())
-    assert tracker.check() == frozenset()  # "gone" is missing from now on
-    now[0] += 30
-    assert tracker.check() == frozenset()
-    index.lost()  # the watch fails, and goes on failing
-    held.add("new")  # a claim made meanwhile, prepared: its ADDED event never came
-    for _ in range(3):
-        now[0] += 3600
-        assert tracker.check() is None
-    index.following()  # back: the first check starts the clock of "new", and has nothing
-    assert tracker.check() == frozenset()  # to add to that of "gone" (30 s so far)
-    index.observe("ADDED", ours("new"))  # what the resumed watch sends first
-    now[0] += 29
-    assert tracker.check() == frozenset()
-    index.lost()  # the watch ends between two checks, and is resumed
-    index.following()
-    now[0] += 3600
-    assert tracker.check() == frozenset(), "a check in another stretch adds nothing"
-    now[0] += 1
-    assert tracker.check() == frozenset({"gone"}), "60 s missing while synced"
-
-
-class Blocked:
-    """A policy refusing configurations while a claim holds the CPUs they reserve."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = "CPU 1 is held by claim u1"
-        self.offered: list[PolicyConfig] = []
-        self.applied: list[PolicyConfig] = []
-
-    def apply(self, config: PolicyConfig) -> None:
-        self.offered.append(config)
-        if self.reason is not None:
-            raise PolicyError(f"cannot reserve CPUs: {self.reason}")
-        self.applied.append(config)
-
-
-def test_a_refused_configuration_is_applied_once_what_refused_it_is_gone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("reservedCPUs: 0\n")
-    policy = Blocked()
-    results: list[str] = []
-    watcher = ConfigWatcher(path, policy.apply, results.append)
-    path.write_text("reservedCPUs: 0-1\n")
-    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
-        assert watcher.check() == "refused"
-        assert watcher.check() is None, "the same refusal is reported once"
-        assert len(policy.offered) == 2, "but the file is offered again at every check"
-        policy.reason = "CPU 1 is held by claim u2"
-        assert watcher.check() == "refused", "a refusal for a new reason is reported"
-        assert watcher.check() is None
-    assert len(caplog.records) == 2
-    policy.reason = None  # the claim went
-    assert watcher.check() == "applied"
-    assert policy.applied[-1].reserved_cpus == {0, 1}
-    assert watcher.check() is None
-    assert len(policy.offered) == 5, "an applied file is not offered again"
-    assert results == ["refused", "refused", "applied"]
-
-
-def test_a_file_that_does_not_parse_is_not_parsed_again_until_it_changes(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("reservedCPUs: 0\n")
-    applied: list[PolicyConfig] = []
-    watcher = ConfigWatcher(path, applied.append)
-    path.write_text("reservedCPUs: [\n")
-    with caplog.at_level(logging.ERROR, "nodedra.configwatch"):
-        assert watcher.check() == "refused"
-        assert watcher.check() is None
-    assert len(caplog.records) == 1
-    assert "not valid YAML" in caplog.text
-    path.write_text("reservedCPUs: 0\n")  # back to the file in force: nothing to do
-    assert watcher.check() is None
-    path.write_text("reservedCPUs: [\n")  # the broken file again: news again
-    assert watcher.check() == "refused"
-    assert applied == []
-
-
-def test_config_watcher(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("reservedCPUs: 0\n")
-    applied: list[PolicyConfig] = []
-    results: list[str] = []
-    watcher = ConfigWatcher(path, applied.append, results.append)
-    assert watcher.check() is None, "the file as it was at start is in force already"
-    path.write_text("reservedCPUs: 0-1\n")
-    assert watcher.check() == "applied"
-    assert applied[-1].reserved_cpus == {0, 1}
-    assert watcher.check() is None
-    path.write_text("reservedCPUs: nonsense\n")
-    assert watcher.check() == "refused"
-    assert watcher.check() is None, "a refused file is reported once"
-    path.unlink()
-    assert watcher.check() is None
-    assert results == ["applied", "refused"]
-    assert len(applied) == 1

@@ -1,31 +1,41 @@
-"""What the ResourceClaim watch gives: an index, the claims' status, and orphan reports.
+"""Our entries of the ResourceClaims' ``status.devices``: what each prepared claim got.
 
-The kubelet tells a driver which claims to prepare, but nobody tells it when a claim is gone
-for good. The watch keeps an index of the claims allocated to our driver on our node; with
-it nodedra reports claims it still holds whose ResourceClaim has disappeared (and releases
-them only when asked to), and writes each prepared claim's ``status.devices`` entries so
-that ``kubectl get resourceclaim -o yaml`` shows which CPUs and memory it got.
+The status writer keeps them in line with what the checkpoint holds, so that
+``kubectl get resourceclaim -o yaml`` shows which CPUs and memory a claim got. Kubelet
+requests (it is one of the plugin's observers) and the claim watch only queue claims; the
+writer's thread writes them.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from nodedra.dra import ClaimRef, ClusterAPI, KubeAPIError, RequestReport
-from nodedra.dra.claims import AllocationResult, ClaimError, claim_ref, claim_results
+from nodedra.dra.claims import AllocationResult, ClaimError, claim_results
 from nodedra.observability import StatusCounts
 from nodedra.policy import Grant
 from nodedra.resmgr import ResourceManager
 from nodedra.topology import format_cpu_list
 
 log = logging.getLogger(__name__)
+
+
+QUIET_SECONDS = 0.25
+"""Status writes wait until the kubelet has sent no request for this long..."""
+MAX_DELAY_SECONDS = 2.0
+"""...or until a claim's status has waited this long."""
+RETRY_SECONDS = (0.5, 30.0)
+"""First and longest wait, in seconds, before a failed status write is tried again."""
+REFUSED = (400, 422)
+"""Answers to a status write that trying again would only repeat: the server finds it
+invalid (say, for a claim whose opaque parameters it re-encodes differently, see
+docs/operations.md, "The ResourceClaim watch")."""
 
 
 def status_entries(
@@ -48,137 +58,6 @@ def status_entries(
             entry["shareID"] = result.share_id
         entries.append(entry)
     return entries
-
-
-class ClaimIndex:
-    """The claims allocated to our driver on our node, by UID; fed by the claim watch."""
-
-    def __init__(self, driver: str, pool: str) -> None:
-        self._driver = driver
-        self._pool = pool
-        self._marks = (_quoted(driver), _quoted(pool))
-        self._claims: dict[str, ClaimRef] = {}
-        self._uid_marks: tuple[bytes, ...] = ()
-        self._synced = False
-        self._stretch = 0  # how many times the index became synced
-        self._lock = threading.Lock()
-
-    def observe(self, event_type: str | None, claim: Mapping[str, Any]) -> ClaimRef | None:
-        """Take a watch event; the claim's ref if it is allocated to us (and not deleted).
-
-        Whether the claim has a result of ours is decided on the raw mapping first: the
-        claims of other nodes and drivers, nearly all of them, are never parsed further.
-        """
-        ref: ClaimRef | None = None
-        if event_type != "DELETED" and self._allocated_here(claim):
-            try:
-                results = claim_results(claim, self._driver)
-                if any(r.pool == self._pool for r in results):
-                    ref = claim_ref(claim)
-            except ClaimError:  # malformed: not ours to prepare
-                pass
-        uid = _get(_get(claim, "metadata"), "uid")
-        with self._lock:
-            if ref is not None:
-                self._claims[ref.uid] = ref
-                self._uid_marks = tuple(_quoted(u) for u in self._claims)
-                return ref
-            if isinstance(uid, str) and self._claims.pop(uid, None) is not None:
-                self._uid_marks = tuple(_quoted(u) for u in self._claims)
-        return None
-
-    def listed(self, uids: set[str]) -> None:
-        """A complete list of the cluster's claims has been observed: ``uids`` are ours.
-
-        Claims indexed before it and not in it were deleted while nobody watched.
-        """
-        with self._lock:
-            self._claims = {u: r for u, r in self._claims.items() if u in uids}
-            self._uid_marks = tuple(_quoted(u) for u in self._claims)
-            self._synced = True
-            self._stretch += 1
-
-    def following(self) -> None:
-        """The server took a watch resumed from the last version the index saw.
-
-        It sends what changed since that version first, in order, so the index is as
-        current again as any watched index is. Only after a complete list, though: a
-        version is resumed from only once the list it follows is complete.
-        """
-        with self._lock:
-            if not self._synced:
-                self._synced = True
-                self._stretch += 1
-
-    def lost(self) -> None:
-        """The watch ended or failed: until a list or a resumed watch, nothing new comes."""
-        with self._lock:
-            self._synced = False
-
-    @property
-    def synced(self) -> bool:
-        """Whether the index follows the cluster now: if not, a missing claim means nothing.
-
-        It does from a complete list, or a resumed watch, until that watch ends or fails.
-        """
-        return self._synced
-
-    def stretch(self) -> int | None:
-        """Which stretch of being synced the index is in (they are numbered); None if not.
-
-        Two looks at the index in the same stretch saw it follow the cluster all along in
-        between; in different stretches, it may have missed events for a while.
-        """
-        with self._lock:
-            return self._stretch if self._synced else None
-
-    def mentioned_in(self, event: bytes) -> bool:
-        """Whether a raw watch event may concern us, so that it is worth parsing.
-
-        It does if it names our driver and our pool (allocated to us, perhaps), or the UID
-        of a claim we index (deallocated or deleted, perhaps); false hits only cost a parse.
-        """
-        driver, pool = self._marks
-        if driver in event and pool in event:
-            return True
-        return any(mark in event for mark in self._uid_marks)
-
-    def uids(self) -> frozenset[str]:
-        """The UIDs of the claims indexed now."""
-        with self._lock:
-            return frozenset(self._claims)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._claims)
-
-    def _allocated_here(self, claim: Mapping[str, Any]) -> bool:
-        allocation = _get(_get(claim, "status"), "allocation")
-        results = _get(_get(allocation, "devices"), "results")
-        return isinstance(results, list) and any(
-            _get(r, "driver") == self._driver and _get(r, "pool") == self._pool for r in results
-        )
-
-
-def _get(value: object, key: str) -> object:
-    """``value[key]`` if ``value`` is a mapping, else None: for objects of any shape."""
-    return value.get(key) if isinstance(value, Mapping) else None
-
-
-def _quoted(text: str) -> bytes:
-    return json.dumps(text).encode()
-
-
-QUIET_SECONDS = 0.25
-"""Status writes wait until the kubelet has sent no request for this long..."""
-MAX_DELAY_SECONDS = 2.0
-"""...or until a claim's status has waited this long."""
-RETRY_SECONDS = (0.5, 30.0)
-"""First and longest wait, in seconds, before a failed status write is tried again."""
-REFUSED = (400, 422)
-"""Answers to a status write that trying again would only repeat: the server finds it
-invalid (say, for a claim whose opaque parameters it re-encodes differently, see
-docs/operations.md, "The ResourceClaim watch")."""
 
 
 class _WriteFailedError(Exception):
@@ -452,65 +331,3 @@ class _Job:
 def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     keys = ("driver", "pool", "device", "shareID")
     return sorted((*(e.get(k) for k in keys), repr(e.get("data"))) for e in entries)
-
-
-class OrphanTracker:
-    """Claims we hold whose ResourceClaim has been gone from the API for a while.
-
-    A claim vanishes before the kubelet unprepares it more often than one would think
-    (deleted with its pod), so only claims missing for longer than ``grace`` seconds count.
-
-    Only an index that is synced now says a claim is missing: while the watch fails, a new
-    claim never reaches the index, and releasing it would take the CPUs of a running pod.
-    So the grace clocks run only between two checks of the same synced stretch: they stop
-    when the watch ends or fails, and go on from where they were once it is back (a claim
-    that went missing during it starts at zero). A clock that ran through the outage would
-    count it as missing time, and release a claim the resumed watch has not delivered yet.
-    """
-
-    def __init__(
-        self,
-        index: ClaimIndex,
-        held: Callable[[], frozenset[str]],
-        grace: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._index = index
-        self._held = held
-        self._grace = grace
-        self._clock = clock
-        self._missing_for: dict[str, float] = {}  # seconds, counted while synced only
-        self._last: tuple[int, float] | None = None  # the stretch and time of the last check
-        self._reported: set[str] = set()
-
-    def check(self) -> frozenset[str] | None:
-        """The orphans now, each logged once when it becomes one; None if nothing is known.
-
-        Nothing is known while the index is not synced: the watch has not listed yet, or
-        it failed or ended and has not caught up again.
-        """
-        stretch = self._index.stretch()
-        if stretch is None:
-            self._last = None
-            return None
-        now = self._clock()
-        missing = self._held() - self._index.uids()
-        if self._index.stretch() != stretch:  # lost while we looked: the look may be stale
-            self._last = None
-            return None
-        last, self._last = self._last, (stretch, now)
-        elapsed = now - last[1] if last is not None and last[0] == stretch else 0.0
-        self._missing_for = {
-            u: self._missing_for[u] + elapsed if u in self._missing_for else 0.0 for u in missing
-        }
-        orphans = frozenset(u for u, gone in self._missing_for.items() if gone >= self._grace)
-        for uid in sorted(orphans - self._reported):
-            log.warning(
-                "claim %s is held here but its ResourceClaim has been gone from the API for "
-                "%.0f s; its CPUs stay allocated (set --release-orphans to release such claims)",
-                uid,
-                self._missing_for[uid],
-                extra={"claim": ClaimRef("", "", uid)},
-            )
-        self._reported = set(orphans)
-        return orphans

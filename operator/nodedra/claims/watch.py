@@ -5,7 +5,8 @@ of a claim it selects on are ``metadata.name`` and ``metadata.namespace``), so e
 watch carries every claim of the cluster. What that costs a node must not grow with the
 cluster: each watch event is one line of JSON, and a line is parsed only when it can
 concern us, that is when it names our driver and our pool, or the UID of a claim we hold
-in the index. Any other line costs two substring searches and is dropped; nothing is kept.
+in the index (``nodedra.claims.index``). Any other line costs two substring searches and is
+dropped; nothing is kept.
 
 The watch runs in a thread of its own on the official client, not as a kopf handler: kopf
 keeps state for every object it has seen (about 1 KB each, until the object is deleted) and
@@ -19,7 +20,8 @@ or the connection drops, and lists again only when the server says that version 
 (410). A watch that ends at once, again and again, is reopened with backoff, not in a loop.
 
 The index is synced only while it follows the cluster: from a complete list or a resumed
-watch until that watch ends or fails. The orphan check trusts nothing else.
+watch until that watch ends or fails. The orphan check (``nodedra.claims.orphans``) trusts
+nothing else.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from nodedra.claimwatch import ClaimIndex
 from nodedra.dra import ClaimRef, KubeAPIError
 from nodedra.dra.kube import JSON, REQUEST_TIMEOUT, RESOURCE_API
 from nodedra.observability import ClaimWatchCounts
+
+from .index import ClaimIndex
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from nodedra.claimfeed import BACKOFF, ClaimFeed
-from nodedra.claimwatch import ClaimIndex, OrphanTracker
+from nodedra.claims.index import ClaimIndex
+from nodedra.claims.orphans import OrphanTracker
+from nodedra.claims.watch import BACKOFF, ClaimFeed
 from nodedra.dra import KubeAPIError
+from tests.unit.claims.helpers import TA
 from tests.unit.dra.fakes import NODE
-
-TA = "topology-aware.nri.io"
 
 
 class ScriptedFeed(ClaimFeed):
