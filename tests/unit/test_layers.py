@@ -37,6 +37,12 @@ def loaded_by(module: str) -> set[str]:
             {"nodedra.dra", "nodedra.policy", "nodedra.resmgr", "kopf", "kubernetes", "grpc"},
         ),
         ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
+        ("nodedra.status", {"nodedra.handlers", "nodedra.runtime", "nodedra.cli", "kopf"}),
+        (
+            # `nodedra status` reads the map over HTTP: none of what serves it.
+            "nodedra.cpumap",
+            {"nodedra.resmgr", "nodedra.policy", "nodedra.dra", "nodedra.nri", "grpc", "kopf"},
+        ),
     ],
 )
 def test_imports_point_down(module: str, forbidden: set[str]) -> None:
