@@ -107,19 +107,19 @@ def container_processes(ids: Collection[str], proc: Path = Path("/proc")) -> dic
 
 
 def cgroup_names(text: str) -> set[str]:
-    """What may be a container ID in a ``/proc/<pid>/cgroup``: each path component.
+    """What may be a container ID in a ``/proc/<pid>/cgroup``: each path component, and
+    what follows its last ``-`` (``.scope`` dropped).
 
-    ``<id>`` (cgroupfs) and ``<prefix>-<id>.scope`` (systemd: ``cri-containerd-``,
-    ``crio-``), but never CRI-O's ``crio-conmon-<id>.scope``, its monitor's.
+    ``<id>`` (containerd with cgroupfs), ``crio-<id>`` (CRI-O with cgroupfs),
+    ``cri-containerd-<id>.scope`` and ``crio-<id>.scope`` (systemd), but never CRI-O's
+    ``crio-conmon-<id>.scope``, its monitor's.
     """
     names = set()
     for line in text.splitlines():
         for part in line.split(":", 2)[-1].split("/"):
-            if part.endswith(".scope"):
-                if "conmon" not in part:
-                    names.add(part.removesuffix(".scope").rpartition("-")[2])
-            elif part:
+            if part and "conmon" not in part:
                 names.add(part)
+                names.add(part.removesuffix(".scope").rpartition("-")[2])
     return names
 
 

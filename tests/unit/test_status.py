@@ -273,6 +273,7 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
     fake_process(proc, 310, "cri-containerd-bbbb.scope", "4-5")  # systemd driver
     fake_process(proc, 320, "crio-conmon-cccc.scope", "9")  # CRI-O's monitor: not it
     fake_process(proc, 321, "crio-cccc.scope", "6", mems="1")
+    fake_process(proc, 330, "crio-eeee", "8")  # CRI-O with cgroupfs
     (proc / "self").mkdir()  # not a process directory
     (proc / "400").mkdir()  # a process gone before its files were read
     checked = cpumap.check_processes(
@@ -281,6 +282,7 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
             entry("bbbb", "4,5,6"),
             entry("cccc", "6", mems="0"),
             entry("dddd", "7"),
+            entry("eeee", "8"),
         ),
         proc,
     )
@@ -290,6 +292,7 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
         (310, "mismatch"),
         (321, "mismatch"),  # the right CPUs, the wrong memory node
         (None, "not checked"),
+        (330, "match"),
     ]
     assert processes[1]["cpus"] == "4-5"
     assert processes[3]["detail"] == "no process of it is visible here"
