@@ -25,6 +25,8 @@ from typing import Any, TextIO
 
 from nodedra.topology.cpulist import parse_cpu_list
 
+SCHEMA = 1
+"""The layout of ``/status`` this command reads (``nodedra.status.SCHEMA``)."""
 RESERVED = "R"
 SHARED = "."
 LABELS = string.ascii_uppercase.replace(RESERVED, "")
@@ -66,6 +68,11 @@ def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
         raise StatusError(f"cannot read {url}: {getattr(err, 'reason', err)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("numa_nodes"), list):
         raise StatusError(f"{url} answered no CPU map: is nodedra serving there?")
+    if data.get("schema") != SCHEMA:
+        raise StatusError(
+            f"{url} answered a CPU map of schema {data.get('schema')}, this command reads "
+            f"schema {SCHEMA}: run the nodedra status of the instance's own version"
+        )
     return data
 
 
@@ -107,11 +114,11 @@ def container_processes(ids: Collection[str], proc: Path = Path("/proc")) -> dic
 
 
 def cgroup_names(text: str) -> set[str]:
-    """What may be a container ID in a ``/proc/<pid>/cgroup``: each path component, and
-    what follows its last ``-`` (``.scope`` dropped).
+    """What may be a container ID in a ``/proc/<pid>/cgroup``.
 
-    ``<id>`` (containerd with cgroupfs), ``crio-<id>`` (CRI-O with cgroupfs),
-    ``cri-containerd-<id>.scope`` and ``crio-<id>.scope`` (systemd), but never CRI-O's
+    Each path component, and what follows its last ``-`` (``.scope`` dropped): ``<id>``
+    (containerd with cgroupfs), ``crio-<id>`` (CRI-O with cgroupfs),
+    ``cri-containerd-<id>.scope`` and ``crio-<id>.scope`` (systemd); never CRI-O's
     ``crio-conmon-<id>.scope``, its monitor's.
     """
     names = set()

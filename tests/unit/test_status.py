@@ -235,8 +235,16 @@ def test_status_is_served_beside_metrics_and_the_command_reads_it(
 
 
 def test_the_command_says_why_it_has_no_map(capsys: pytest.CaptureFixture[str]) -> None:
-    port, stop = httpserver.serve("127.0.0.1", 0, Metrics().registry, lambda: (True, {}))
-    stop()  # nobody listens there now
+    answers: list[dict[str, Any]] = [{"schema": 2, "numa_nodes": []}]
+    port, stop = httpserver.serve(
+        "127.0.0.1", 0, Metrics().registry, lambda: (True, {}), lambda: answers[0]
+    )
+    try:
+        assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+        assert "a CPU map of schema 2, this command reads schema 1" in capsys.readouterr().err
+        assert cpumap.SCHEMA == status.SCHEMA
+    finally:
+        stop()  # nobody listens there now
     assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
     assert f"cannot read http://127.0.0.1:{port}/status" in capsys.readouterr().err
     assert main(["status", "--address", ""]) == 2
