@@ -305,8 +305,8 @@ class ResourceManager:
 
         For a person asking (``/status``): claims, whom they are reserved for and where
         each container runs must agree with each other, so they are read together under
-        the lock, which is given up after ``timeout`` seconds rather than waited for
-        behind requests. Only copies leave it; nothing under it waits for I/O.
+        the lock, waited for at most ``timeout`` seconds (kubelet requests come first).
+        Only copies leave it, and nothing here does I/O under it.
         """
         if not self.acquire(timeout=timeout):
             return None
