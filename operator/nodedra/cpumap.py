@@ -332,7 +332,7 @@ def _process(container: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _pod(pod: Mapping[str, Any]) -> str:
-    return f"{pod['namespace']}/{pod['name']}" if pod["name"] else f"pod {pod['uid'] or '?'}"
+    return f"{pod['namespace']}/{pod['name']}" if pod["name"] else f"(uid {pod['uid'] or '?'})"
 
 
 def _size(count: int) -> str:

@@ -349,7 +349,10 @@ def small_map(containers: bool = True) -> dict[str, Any]:
     }
     books = Books(
         grants=grants,
-        reservations={"uid-a": Reservation("shop", "checkout-cpus", frozenset({POD.uid}))},
+        reservations={
+            "uid-a": Reservation("shop", "checkout-cpus", frozenset({POD.uid})),
+            "uid-b": Reservation("", "", frozenset({"pod-uid-9"})),  # a pod NRI never named
+        },
         online=frozenset(range(8)),
         allocated=frozenset({1, 2, 5}),
     )
@@ -386,7 +389,7 @@ R reserved   . shared pool   A, B, ...: the claims below
   A  claim shop/checkout-cpus  CPUs 1,5  pods shop/checkout
      uid uid-a
      result 0: request cpus, device cpudevnuma000, CPUs 1,5, memory nodes 0 (64 MiB)
-  B  claim (name unknown)  CPUs 2  pods none known
+  B  claim (name unknown)  CPUs 2  pods (uid pod-uid-9)
      uid uid-b
      result 0: request cpus, device cpu002, CPUs 2, memory nodes 1
 
