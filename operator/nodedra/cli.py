@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from nodedra import __version__
+from nodedra import __version__, cpumap
 from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
-from nodedra.settings import SettingsError, add_arguments, load_settings, to_environ
+from nodedra.settings import (
+    DEFAULT_METRICS_ADDRESS,
+    SettingsError,
+    add_arguments,
+    load_settings,
+    to_environ,
+)
 from nodedra.topology import TopologyError, read_topology
 
 
@@ -51,6 +59,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def status(args: argparse.Namespace) -> int:
+    """``nodedra status``: who holds each CPU, from a running instance, checked against /proc."""
+    if not args.address:
+        print(
+            "nodedra status: no address: /status is served at the metrics address, which "
+            "NODEDRA_METRICS_ADDRESS turns off when empty; pass --address HOST:PORT",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        cpu_map = cpumap.check_processes(cpumap.fetch(args.address, args.timeout), args.proc)
+    except cpumap.StatusError as err:
+        print(f"nodedra status: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(cpumap.render_json(cpu_map))
+        return 0
+    colour = cpumap.use_colour(sys.stdout, os.environ)
+    width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
+    sys.stdout.write(cpumap.render_text(cpu_map, colour=colour, width=width))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nodedra`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -64,6 +95,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     topology.add_argument("--sysfs", default="/sys", help="the sysfs root to read (default /sys)")
     topology.add_argument("--config", help="a policy configuration file (reserved CPUs, options)")
     topology.add_argument("--json", action="store_true", help="print one JSON object")
+    status_parser = commands.add_parser(
+        "status",
+        help="show who holds each CPU of this node, and where containers really run",
+        description="Draw the CPUs of the node by NUMA node and core, each marked with the "
+        "claim holding it (R: reserved, .: shared pool), as a running nodedra serves them at "
+        "/status, and check each container it knows against /proc on this machine.",
+    )
+    status_parser.add_argument(
+        "--address",
+        default=os.environ.get("NODEDRA_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+        help="host:port of the instance's metrics, where /status is served (default: "
+        f"$NODEDRA_METRICS_ADDRESS, else {DEFAULT_METRICS_ADDRESS}; an any-interface host "
+        "means this machine)",
+    )
+    status_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    status_parser.add_argument(
+        "--proc", type=Path, default=Path("/proc"), help="the /proc to check containers in"
+    )
+    status_parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
+    )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
     args = parser.parse_args(argv)
@@ -72,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "run":
         return run(args)
+    if args.command == "status":
+        return status(args)
     try:
         topo = read_topology(args.sysfs)
         config = load_config(args.config) if args.config else PolicyConfig()

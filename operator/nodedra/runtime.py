@@ -28,6 +28,7 @@ from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, load_config, make_policy
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
+from nodedra.status import cpu_map as node_cpu_map
 from nodedra.topology import Topology, format_cpu_list, read_topology
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class Runtime:
         api_client: k8s.ApiClient | None = None,
     ) -> None:
         self.settings = settings
-        topology = read_topology(settings.sysfs)
+        self.topology = topology = read_topology(settings.sysfs)
         policy = make_policy(topology, initial_config(settings, topology))
         self.driver = driver_name(policy.name)
         self.api_client = api_client or kube_client(settings)
@@ -205,7 +206,9 @@ class Runtime:
     def _serve_metrics(self, address: str) -> Callable[[], None]:
         host, port = split_address(address)
         try:
-            _, stop = httpserver.serve(host, port, self.metrics.registry, self.readiness)
+            _, stop = httpserver.serve(
+                host, port, self.metrics.registry, self.readiness, self.cpu_map
+            )
         except OSError as err:
             raise SettingsError(
                 f"--metrics-address {address}: cannot serve metrics there: {err.strerror or err}"
@@ -237,6 +240,10 @@ class Runtime:
             "runtime": runtime,
             "problems": problems,
         }
+
+    def cpu_map(self) -> dict[str, Any] | None:
+        """``/status``: who holds each CPU of the node; None while the lock stays busy."""
+        return node_cpu_map(self.manager, self.topology, self.settings.node_name)
 
     def _claim_seen(self, ref: ClaimRef, claim: dict[str, Any]) -> None:
         """A claim of ours changed: its status may need writing, its pods pinning."""

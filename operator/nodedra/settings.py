@@ -18,6 +18,7 @@ from pathlib import Path
 from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9464"
 
 
 class SettingsError(ValueError):
@@ -40,7 +41,7 @@ class Settings:
     pod_uid: str | None = None
     log_level: str = "info"
     log_format: str = "text"
-    metrics_address: str = "0.0.0.0:9464"
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     health_address: str = "0.0.0.0:8080"
     watch_claims: bool = True
     release_orphans: bool = False

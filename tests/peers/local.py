@@ -11,8 +11,8 @@ credentials its DaemonSet pod would have (a token bound to a pod on this node), 
 pinning containers through its containerd (NRI). Then two pods run: one without a claim and
 one that asks for one CPU and 64 MiB through a ResourceClaimTemplate. The demo prints what
 happened at every step, the devices published, the allocation, the CDI spec, the claim's
-status as nodedra wrote it, and side by side the CPUs the claim holds and the CPUs each
-container reports it runs on.
+status as nodedra wrote it, side by side the CPUs the claim holds and the CPUs each
+container reports it runs on, and what `nodedra status` draws of the node's CPUs.
 
 Nothing is installed on the machine and nothing of the node leaks onto it: every process is a
 child of this one, every file is under one temporary directory, and Ctrl-C stops it all. Once
@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -231,6 +232,7 @@ class Demo:
         section(f"claim {claim['metadata']['name']} status.devices, written by nodedra")
         print(indent(yaml.safe_dump(entries, sort_keys=False)), end="", flush=True)
         self.show_where_they_run(cp, uid)
+        self.show_status()
         self.show_metrics()
 
     def probe(self, name: str, template: str | None = None) -> dict[str, Any]:
@@ -274,6 +276,23 @@ class Demo:
             if time.monotonic() > deadline:
                 raise DemoError(f"pod {pod} runs on CPUs {format_cpu_list(cpus)}: {report}")
             time.sleep(0.5)
+
+    def show_status(self) -> None:
+        """What `nodedra status` says, run on this node against the running instance."""
+        nodedra = self.nodedra
+        assert nodedra is not None
+        address = f"127.0.0.1:{nodedra.metrics_port}"
+        section(f"nodedra status --address {address} (who holds each CPU, checked in /proc)")
+        done = subprocess.run(
+            [sys.executable, "-m", "nodedra", "status", "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"nodedra status failed ({done.returncode}): {done.stderr}")
+        print(indent(done.stdout), end="", flush=True)
 
     def show_slices(self, cp: ControlPlane) -> None:
         section("ResourceSlices of this node, published by nodedra")

@@ -38,6 +38,12 @@ def loaded_by(module: str) -> set[str]:
         ),
         ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
         ("nodedra.claims", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
+        ("nodedra.status", {"nodedra.handlers", "nodedra.runtime", "nodedra.cli", "kopf"}),
+        (
+            # `nodedra status` reads the map over HTTP: none of what serves it.
+            "nodedra.cpumap",
+            {"nodedra.resmgr", "nodedra.policy", "nodedra.dra", "nodedra.nri", "grpc", "kopf"},
+        ),
     ],
 )
 def test_imports_point_down(module: str, forbidden: set[str]) -> None:

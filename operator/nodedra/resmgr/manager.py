@@ -31,7 +31,7 @@ from .batchlock import BatchLock
 from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
 from .containers import ContainerPinner, reserved_pods
 from .nrirole import NRIRole
-from .pinning import Reservation
+from .pinning import Books, Holdings, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,36 @@ class ResourceManager:
             with self:  # catches up with the other instance's commits
                 pass
         return self._committed
+
+    def holdings(self, timeout: float) -> Holdings | None:
+        """Every claim's CPUs and every container's, at one moment; None if the lock is busy.
+
+        For a person asking (``/status``): claims, whom they are reserved for and where
+        each container runs must agree with each other, so they are read together under
+        the lock, waited for at most ``timeout`` seconds (kubelet requests come first).
+        Only copies leave it, and nothing here does I/O under it.
+        """
+        if not self.acquire(timeout=timeout):
+            return None
+        try:
+            policy = self._policy
+            books = Books(
+                grants={uid: policy.grants(uid) for uid in policy.claim_uids()},
+                reservations=dict(self._reservations),
+                online=policy.online_cpus(),
+                allocated=policy.allocated_cpus(),
+            )
+            pinner = self.containers
+            if pinner is None:
+                return Holdings(books, policy.config.reserved_cpus, None, {}, None)
+            views = tuple(pinner.pinning.view(books))
+            pods = {pod.uid: pod for pod in pinner.pinning.pods.values() if pod.uid}
+            for view in views:
+                if view.pod.uid:
+                    pods.setdefault(view.pod.uid, view.pod)
+            return Holdings(books, policy.config.reserved_cpus, views, pods, pinner.connected)
+        finally:
+            self.release()
 
     # The PolicyHost protocol -----------------------------------------------------------
 

@@ -88,6 +88,40 @@ class Decision:
     shared pool, as a container without claims."""
 
 
+@dataclass(frozen=True)
+class ContainerView:
+    """A container as the books have it at one moment: for people asking where it runs."""
+
+    container: Container
+    pod: Pod
+    wanted: CPUSet
+    """What it should run on, decided from the books now."""
+    told: CPUSet | None
+    """What the runtime was last told it runs on; None: not known."""
+    claims: Mapping[str, frozenset[int]]
+    """The claims (and result indexes) whose CPUs it runs on; empty: the shared pool."""
+
+    @property
+    def in_sync(self) -> bool:
+        """Whether the runtime was told what the container should run on now."""
+        return self.told is not None and same(self.wanted, self.told)
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """Who holds which CPUs, read at one moment under the lock (``nodedra status``)."""
+
+    books: Books
+    reserved: frozenset[int]
+    """The configuration's reserved CPUs: always in the shared pool, never a claim's."""
+    containers: tuple[ContainerView, ...] | None
+    """Every container the runtime told us of; None: pinning is off."""
+    pods: Mapping[str, Pod]
+    """The pods the runtime told us of, by Kubernetes UID."""
+    connected: bool | None
+    """Whether the runtime is connected and synchronized; None: pinning is off."""
+
+
 @dataclass
 class _Tracked:
     container: Container
@@ -200,6 +234,22 @@ class Pinning:
                 told.mems or "unchanged",
                 ", ".join(f"{u} results {sorted(i)}" for u, i in decision.claims.items()),
             )
+
+    def view(self, books: Books) -> list[ContainerView]:
+        """Every known container, what it should run on and what the runtime was told.
+
+        A decision per container, as :meth:`stale` makes: for a person asking, not for
+        every event.
+        """
+        views = []
+        for known in self.containers.values():
+            decision = self.decide(known.pod, known.container, books)
+            views.append(
+                ContainerView(
+                    known.container, known.pod, decision.cpuset, known.told, decision.claims
+                )
+            )
+        return views
 
     def forget(self, container_id: str) -> None:
         """A container stopped or went away: it no longer needs CPUs."""

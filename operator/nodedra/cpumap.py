@@ -1,0 +1,342 @@
+"""``nodedra status``: the node's CPU map, fetched from a running instance and drawn.
+
+The instance's ``/status`` (:mod:`nodedra.status`) says who holds each CPU and what each
+container should run on; it cannot see the containers' processes. This side, run on the
+node, looks: each container's first process is found by its cgroup (the runtime's
+container ID is in its path, whichever cgroup driver or runtime made it) and its
+``Cpus_allowed_list`` is compared with what nodedra says. The runtime tells plugins a
+container's PID only in a Synchronize and after its start, which nodedra does not
+subscribe to, so ``/proc`` is the one way that works for every container.
+
+The text is for a person at a terminal: one block per NUMA node, one ``[cpu:mark ...]``
+group per core, a letter per claim listed below. Colour only on a terminal and without
+``NO_COLOR`` (https://no-color.org); the letters say everything without it.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from nodedra.topology.cpulist import parse_cpu_list
+
+SCHEMA = 1
+"""The layout of ``/status`` this command reads (``nodedra.status.SCHEMA``)."""
+RESERVED = "R"
+SHARED = "."
+LABELS = string.ascii_uppercase.replace(RESERVED, "")
+"""The letters of claims: R marks reserved CPUs."""
+CLAIM_COLOURS = ("1;32", "1;34", "1;35", "1;36", "1;33", "1;92", "1;94", "1;95", "1;96", "1;93")
+"""ANSI colours of claims, in turn (no red: red is for a cpuset that does not match)."""
+DIM, GOOD, BAD, UNKNOWN = "2", "32", "1;31", "33"
+
+MATCH, MISMATCH, NOT_CHECKED = "match", "mismatch", "not checked"
+OUTCOMES = ("ok", "update pending", MISMATCH, NOT_CHECKED)
+"""What the text says of a container, in the order it counts them."""
+
+
+class StatusError(Exception):
+    """``/status`` could not be read; the message says where and why."""
+
+
+def status_url(address: str) -> str:
+    """The URL of ``/status`` at ``host:port``; an any-interface host means this machine."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1" if host != "::" else "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/status"
+
+
+def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The CPU map a running nodedra serves at ``address``; StatusError if it cannot."""
+    url = status_url(address)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        body = err.read().decode(errors="replace")
+        raise StatusError(f"{url} answered {err.code}: {body}") from None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        raise StatusError(f"cannot read {url}: {getattr(err, 'reason', err)}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("numa_nodes"), list):
+        raise StatusError(f"{url} answered no CPU map: is nodedra serving there?")
+    if data.get("schema") != SCHEMA:
+        raise StatusError(
+            f"{url} answered a CPU map of schema {data.get('schema')}, this command reads "
+            f"schema {SCHEMA}: run the nodedra status of the instance's own version"
+        )
+    return data
+
+
+# What /proc says ---------------------------------------------------------------------------
+
+
+def check_processes(cpu_map: dict[str, Any], proc: Path = Path("/proc")) -> dict[str, Any]:
+    """``cpu_map`` with each container's ``process``: what the machine lets it run on.
+
+    ``check`` is ``match`` when its first process may run on exactly the CPUs (and memory
+    nodes, where nodedra sets them) nodedra says, ``mismatch`` when not, ``not checked``
+    when no process of it is found here (another node's map, or a pod without hostPID).
+    """
+    containers = cpu_map.get("containers") or []
+    pids = container_processes([c["id"] for c in containers], proc)
+    checked = [{**c, "process": _look(c, pids.get(c["id"]), proc)} for c in containers]
+    return {**cpu_map, "containers": checked if cpu_map.get("containers") is not None else None}
+
+
+def container_processes(ids: Collection[str], proc: Path = Path("/proc")) -> dict[str, int]:
+    """The lowest PID in each of the containers ``ids`` that runs here, found by cgroup."""
+    wanted = set(ids)
+    found: dict[str, int] = {}
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not (entry.name.isascii() and entry.name.isdigit()):
+            continue
+        try:
+            text = (entry / "cgroup").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        pid = int(entry.name)
+        for cid in cgroup_names(text) & wanted:
+            found[cid] = min(pid, found.get(cid, pid))
+    return found
+
+
+def cgroup_names(text: str) -> set[str]:
+    """What may be a container ID in a ``/proc/<pid>/cgroup``.
+
+    Each path component, and what follows its last ``-`` (``.scope`` dropped): ``<id>``
+    (containerd with cgroupfs), ``crio-<id>`` (CRI-O with cgroupfs),
+    ``cri-containerd-<id>.scope`` and ``crio-<id>.scope`` (systemd); never CRI-O's
+    ``crio-conmon-<id>.scope``, its monitor's.
+    """
+    names = set()
+    for line in text.splitlines():
+        for part in line.split(":", 2)[-1].split("/"):
+            if part and "conmon" not in part:
+                names.add(part)
+                names.add(part.removesuffix(".scope").rpartition("-")[2])
+    return names
+
+
+def _look(container: Mapping[str, Any], pid: int | None, proc: Path) -> dict[str, Any]:
+    if pid is None:
+        return _unchecked("no process of it is visible here")
+    try:
+        fields = dict(
+            line.split(":", 1) for line in (proc / str(pid) / "status").read_text().splitlines()
+        )
+        cpus, mems = fields["Cpus_allowed_list"].strip(), fields["Mems_allowed_list"].strip()
+        runs_on = parse_cpu_list(cpus), parse_cpu_list(mems)
+    except (OSError, KeyError, ValueError) as err:
+        return _unchecked(f"cannot read /proc/{pid}/status: {err}")
+    should = parse_cpu_list(container["cpus"])
+    ok = runs_on[0] == should and (
+        not container["mems"] or runs_on[1] == parse_cpu_list(container["mems"])
+    )
+    return {"pid": pid, "cpus": cpus, "mems": mems, "check": MATCH if ok else MISMATCH}
+
+
+def _unchecked(why: str) -> dict[str, Any]:
+    return {"pid": None, "cpus": None, "mems": None, "check": NOT_CHECKED, "detail": why}
+
+
+# Drawing ----------------------------------------------------------------------------------
+
+
+def use_colour(stream: TextIO, environ: Mapping[str, str]) -> bool:
+    """Colour for a terminal only, unless ``NO_COLOR`` is set (to anything) or TERM=dumb."""
+    return stream.isatty() and "NO_COLOR" not in environ and environ.get("TERM") != "dumb"
+
+
+def render_json(cpu_map: Mapping[str, Any]) -> str:
+    """``nodedra status --json``: one JSON object."""
+    return json.dumps(cpu_map, indent=2, sort_keys=True) + "\n"
+
+
+def label(index: int) -> str:
+    """The letters of the claim at ``index``: A, B, ... Z, then AA, AB, ... (never R)."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, len(LABELS))
+        letters = LABELS[rest] + letters
+    return letters
+
+
+def render_text(cpu_map: Mapping[str, Any], *, colour: bool = False, width: int = 100) -> str:
+    """``nodedra status``: the CPU map for people, ``width`` columns wide."""
+    return "\n".join(_Drawing(cpu_map, colour, width).lines()) + "\n"
+
+
+class _Drawing:
+    def __init__(self, cpu_map: Mapping[str, Any], colour: bool, width: int) -> None:
+        self.map = cpu_map
+        self.colour = colour
+        self.width = width
+        self.labels = {c["uid"]: label(i) for i, c in enumerate(cpu_map["claims"])}
+        self.colours = {
+            c["uid"]: CLAIM_COLOURS[i % len(CLAIM_COLOURS)] for i, c in enumerate(cpu_map["claims"])
+        }
+
+    def paint(self, text: str, code: str | None) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code else text
+
+    def lines(self) -> Iterator[str]:
+        m = self.map
+        runtime = {True: "runtime connected", False: "runtime NOT connected", None: "off"}
+        pinning = (
+            m["pinning"]
+            if m["runtime_connected"] is None
+            else (f"{m['pinning']}, {runtime[m['runtime_connected']]}")
+        )
+        yield f"node {m['node']}   driver {m['driver']}   pinning {pinning}"
+        yield (
+            f"CPUs {m['online']}: reserved {m['reserved'] or 'none'}, claimed "
+            f"{m['claimed'] or 'none'}, shared pool {m['shared']}"
+            + (f", isolated {m['isolated']}" if m["isolated"] else "")
+        )
+        yield from self.grid()
+        yield ""
+        yield (
+            f"{self.paint(RESERVED, DIM)} reserved   {SHARED} shared pool   "
+            + ("A, B, ...: the claims below" if m["claims"] else "no claims held")
+        )
+        yield from self.claims()
+        yield from self.containers()
+
+    def grid(self) -> Iterator[str]:
+        cpus = [cpu for n in self.map["numa_nodes"] for core in n["cores"] for cpu in core["cpus"]]
+        digits = max((len(str(cpu["id"])) for cpu in cpus), default=1)
+        marks = max((len(mark) for mark in self.labels.values()), default=1)
+        for node in self.map["numa_nodes"]:
+            yield ""
+            memory = f", memory {_size(node['memory'])}" if node["memory"] else ""
+            yield f"NUMA node {node['id']}: CPUs {node['cpus'] or 'none'}{memory}"
+            cells = [self.core(core, digits, marks) for core in node["cores"]]
+            cell_width = max((len(plain) for plain, _ in cells), default=0)
+            per_line = max(1, (self.width - 2) // (cell_width + 1))
+            for start in range(0, len(cells), per_line):
+                row = cells[start : start + per_line]
+                yield (
+                    "  "
+                    + " ".join(
+                        painted + " " * (cell_width - len(plain)) for plain, painted in row
+                    ).rstrip()
+                )
+
+    def core(self, core: Mapping[str, Any], digits: int, marks: int) -> tuple[str, str]:
+        """A core's cell, plain (for its width) and painted."""
+        plain, painted = [], []
+        for cpu in core["cpus"]:
+            if cpu["state"] == "claimed":
+                mark, code = self.labels.get(cpu["claim"], "?"), self.colours.get(cpu["claim"])
+            elif cpu["state"] == "reserved":
+                mark, code = RESERVED, DIM
+            else:
+                mark, code = SHARED, None
+            text = f"{cpu['id']:>{digits}}:{mark:<{marks}}"
+            plain.append(text)
+            painted.append(self.paint(text, code))
+        return "[" + " ".join(plain) + "]", "[" + " ".join(painted) + "]"
+
+    def claims(self) -> Iterator[str]:
+        for claim in self.map["claims"]:
+            mark = self.paint(f"{self.labels[claim['uid']]:>3}", self.colours[claim["uid"]])
+            name = f"{claim['namespace']}/{claim['name']}" if claim["name"] else "(name unknown)"
+            pods = ", ".join(_pod(p) for p in claim["pods"]) or "none known"
+            yield f"{mark}  claim {name}  CPUs {claim['cpus']}  pods {pods}"
+            yield f"     uid {claim['uid']}"
+            for result in claim["results"]:
+                mems = f", memory nodes {result['mems']}" if result["mems"] else ""
+                memory = f" ({_size(result['memory'])})" if result["memory"] else ""
+                yield (
+                    f"     result {result['index']}: request {result['request']}, device "
+                    f"{result['device']}, CPUs {result['cpus']}{mems}{memory}"
+                )
+
+    def containers(self) -> Iterator[str]:
+        containers = self.map.get("containers")
+        if containers is None:
+            yield ""
+            yield "containers: pinning is off, nodedra does not know them"
+            return
+        pinned = [c for c in containers if c["claims"]]
+        shared = [c for c in containers if not c["claims"]]
+        yield ""
+        yield f"containers on claims ({len(pinned)}):" if pinned else "no container on claims"
+        for container in pinned:
+            marks = ",".join(self.labels.get(uid, "?") for uid in container["claims"])
+            yield (
+                f"{self.paint(f'{marks:>3}', self.colours.get(next(iter(container['claims']))))}"
+                f"  {_pod(container['pod'])} {container['name']}  CPUs {container['cpus']}  "
+                + self.verdict(container)
+            )
+        if shared:
+            outcomes = [self.outcome(c) for c in shared]
+            tally = ", ".join(
+                f"{outcomes.count(word)} {word}" for word in OUTCOMES if word in outcomes
+            )
+            yield f"containers on the shared pool ({len(shared)}): {tally}"
+        for container in shared:
+            if self.outcome(container) not in ("ok", NOT_CHECKED):
+                yield (
+                    f"  {SHARED}  {_pod(container['pod'])} {container['name']}  CPUs "
+                    f"{container['cpus']}  " + self.verdict(container)
+                )
+        if any(_process(c)["check"] == NOT_CHECKED for c in containers):
+            yield "(not checked: no process of the container is visible here; run nodedra status"
+            yield " on the node itself, where /proc shows every container's processes)"
+
+    @staticmethod
+    def outcome(container: Mapping[str, Any]) -> str:
+        """One word for a container: ok, mismatch, update pending or not checked."""
+        check = _process(container)["check"]
+        if check == MISMATCH:
+            return MISMATCH
+        if not container["in_sync"]:
+            return "update pending"
+        return "ok" if check == MATCH else NOT_CHECKED
+
+    def verdict(self, container: Mapping[str, Any]) -> str:
+        """What the machine says of the container, and whether the runtime was told."""
+        process = _process(container)
+        if process["check"] == MATCH:
+            words, code = f"ok: pid {process['pid']} runs on {process['cpus']}", GOOD
+        elif process["check"] == MISMATCH:
+            words, code = f"MISMATCH: pid {process['pid']} runs on {process['cpus']}", BAD
+        else:
+            words, code = NOT_CHECKED, UNKNOWN
+        if not container["in_sync"]:
+            told = container["told"]
+            words += "; update pending (runtime told " + (
+                f"{told['cpus']})" if told else "nothing known)"
+            )
+        return self.paint(words, code)
+
+
+def _process(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What /proc said of ``container`` (not checked if nobody looked)."""
+    return container.get("process") or {"check": NOT_CHECKED}
+
+
+def _pod(pod: Mapping[str, Any]) -> str:
+    return f"{pod['namespace']}/{pod['name']}" if pod["name"] else f"(uid {pod['uid'] or '?'})"
+
+
+def _size(count: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.1f} {unit}".replace(".0 ", " ")
+    return f"{count} B"
