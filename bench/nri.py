@@ -31,14 +31,8 @@ from nodedra.dra.kube import RESOURCE_API
 from tests.peers.build import NRI_VERSIONS
 from tests.peers.cluster import ensure_test_namespace
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.nri_runtime import (
-    BulkSpec,
-    ContainerSpec,
-    NRIFactory,
-    NRIRuntime,
-    PodSpec,
-    Resources,
-)
+from tests.peers.nri_protocol import BulkSpec, ContainerSpec, PodSpec, Resources
+from tests.peers.nri_runtime import NRIFactory, NRIRuntime
 
 NODE = "bench-nri"
 NAMESPACE = "bench-nri"

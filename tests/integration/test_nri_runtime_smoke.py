@@ -14,18 +14,16 @@ import socket
 
 import pytest
 
-from tests.peers.nri_runtime import (
-    NRI_CONTAINERD,
-    NRI_VERSIONS,
+from tests.peers.build import NRI_CONTAINERD, NRI_VERSIONS
+from tests.peers.nri_protocol import (
     BulkSpec,
     ContainerSpec,
-    NRIFactory,
-    NRIRuntime,
     PodSpec,
     Resources,
     cdi_device,
     env_name,
 )
+from tests.peers.nri_runtime import NRIFactory, NRIRuntime
 
 ONLINE = "0-15"
 CLAIM = "0b6f3a8e-5d1c-4e2a-9f7b-2c4d6e8f0a1b"
