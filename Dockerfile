@@ -2,7 +2,8 @@
 # nodedra: one pod per node (manifests/daemonset.yaml). Build from the repository root:
 #   docker build -t nodedra:0.1.0 .
 # Without Docker (as root, e.g. on a test machine): python -m tests.peers.image builds the same
-# image as an OCI archive for `ctr images import`.
+# image as an OCI archive for `ctr images import`, and `tox -e dockerfile` builds this file
+# itself with buildah (tests/peers/dockerfile_image.py) and compares the two images.
 #
 # What goes into the image is in image/ and nowhere else: packages.txt (the Debian packages)
 # and install.sh (nodedra's venv). tests/peers/image.py builds from the same two files with

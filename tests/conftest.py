@@ -22,6 +22,9 @@
   `nodedra_factory`: `python -m nodedra run` processes with the credentials of a DaemonSet
   pod on a test node (tests.peers.nodedra_node), per test.
 
+* `dockerfile_image`: nodedra's image built from the repository's Dockerfile by buildah
+  (tests.peers.dockerfile_image; ``tox -e dockerfile``), right after collection, cached.
+
 * `vm_node` (`vm_node_factory` for guests with other options, such as forwards to the
   control plane): a Debian guest under QEMU with systemd and cgroup v2, two NUMA nodes, SMT and
   huge pages (tests.peers.vm), booted once per test module; its image is built (and cached)
@@ -70,6 +73,7 @@ from tests.peers.build import (
 from tests.peers.busybox import busybox_binary, busybox_image_archive
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
 from tests.peers.controlplane import ControlPlane, feature_gates_flag
+from tests.peers.dockerfile_image import build_dockerfile_image
 from tests.peers.go_driver import GoDriver
 from tests.peers.image import ImageBuildError, NodedraImage, build_nodedra_image
 from tests.peers.kubelet import KubeletHarness
@@ -255,6 +259,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     needs_vm = any(_VM_FIXTURE in names or _VM_FACTORY in names for names in fixtures)
     if needs_vm:
         _build_vm_image(session.config)
+    if any(_DOCKERFILE_FIXTURE in names for names in fixtures):
+        _build_dockerfile_image(session.config)
     if any("peer_binaries" in names for names in fixtures):
         _resolve_binaries(session.config, node=any(_NODE_FIXTURES & names for names in fixtures))
         if any("busybox_image" in names for names in fixtures):
@@ -805,6 +811,36 @@ def nodedra_image(pytestconfig: pytest.Config) -> NodedraImage:
         _build_nodedra_image,
         what="nodedra's image",
         downloads="pip and debootstrap",
+    )
+
+
+_DOCKERFILE_IMAGE = pytest.StashKey[NodedraImage]()
+_DOCKERFILE_IMAGE_ERROR = pytest.StashKey[str]()
+#: The fixture whose tests need the Dockerfile's image (built only then: minutes when cold).
+_DOCKERFILE_FIXTURE = "dockerfile_image"
+
+
+def _build_dockerfile_image(config: pytest.Config) -> None:
+    """Build the Dockerfile with buildah once per session (cached across sessions)."""
+    _build_once(
+        config,
+        _DOCKERFILE_IMAGE,
+        _DOCKERFILE_IMAGE_ERROR,
+        lambda: build_dockerfile_image(log=sys.stderr).image,
+    )
+
+
+@pytest.fixture(scope="session")
+def dockerfile_image(pytestconfig: pytest.Config) -> NodedraImage:
+    """nodedra's image built from the repository's Dockerfile by buildah
+    (tests.peers.dockerfile_image): an OCI archive for ``ctr images import``."""
+    return _built(
+        pytestconfig,
+        _DOCKERFILE_IMAGE,
+        _DOCKERFILE_IMAGE_ERROR,
+        _build_dockerfile_image,
+        what="the Dockerfile's image",
+        downloads="apt and pip in buildah's build",
     )
 
 

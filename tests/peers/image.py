@@ -5,8 +5,10 @@ test machines have no Docker daemon. This module builds the same image from the 
 ``image/``: ``packages.txt`` (the Debian bookworm packages of the image) and ``install.sh``
 (nodedra's venv at /opt/nodedra, from a directory of wheels). The Dockerfile installs exactly
 those (tests/unit/test_image_recipe.py checks it), so an image built here is the Dockerfile's
-image, and a test that runs it tests what the DaemonSet runs. The result is an OCI image
-layout archive (tests.peers.oci) that ``ctr images import`` takes, in two layers:
+image, and a test that runs it tests what the DaemonSet runs (tests.peers.dockerfile_image
+builds the Dockerfile itself with buildah, and ``tox -e dockerfile`` compares the two images).
+The result is an OCI image layout archive (tests.peers.oci) that ``ctr images import`` takes,
+in two layers:
 
 1. **base**: ``debootstrap --variant=minbase --include=<packages.txt>`` of bookworm (minbase is
    what debian:bookworm-slim is built from), stripped of what a container needs not (apt's
@@ -546,8 +548,10 @@ def _build_base(entry: Path, packages: Sequence[str], log: Log) -> None:
 def run_debootstrap(
     packages: Sequence[str], rootfs: Path, mirror: str, *, transcript: Path, log: Log, needs: str
 ) -> None:
-    """debootstrap minbase of SUITE with ``packages`` into ``rootfs``; ``needs`` ends the
-    hint of its error (what else it needs than the mirror)."""
+    """debootstrap minbase of SUITE with ``packages`` (none: minbase alone) into ``rootfs``;
+    ``needs`` ends the hint of its error (what else it needs than the mirror)."""
+    # debootstrap rejects an empty --include=.
+    include = [f"--include={','.join(packages)}"] if packages else []
     _run(
         [
             # In a mount namespace of its own: what debootstrap mounts in the tree (/proc,
@@ -555,7 +559,7 @@ def run_debootstrap(
             *OWN_MOUNT_NAMESPACE,
             "debootstrap",
             f"--variant={VARIANT}",
-            f"--include={','.join(packages)}",
+            *include,
             f"--keyring={KEYRING}",
             SUITE,
             str(rootfs),
@@ -719,11 +723,12 @@ def install_nodedra(base: BaseLayer, wheels: Path, workdir: Path, log: Log) -> P
 _BUILD_PREFIX = ".image-build-"
 
 
-def _remove_stale_builds(log: Log) -> None:
-    """Remove the working directories of builds whose process is gone (killed before it
-    could clean up: some 200 MB each)."""
-    for path in cache_root().glob(f"{_BUILD_PREFIX}*"):
-        match = re.fullmatch(re.escape(_BUILD_PREFIX) + r"(\d+)-.*", path.name)
+def _remove_stale_builds(log: Log, prefix: str = _BUILD_PREFIX) -> None:
+    """Remove the working directories (``<prefix><pid>-...``) of builds whose process is gone
+    (killed before it could clean up: some 200 MB each, a few GB for buildah's). One with a
+    mount below it is left, said on ``log``: removing it would reach into what is mounted."""
+    for path in cache_root().glob(f"{prefix}*"):
+        match = re.fullmatch(re.escape(prefix) + r"(\d+)-.*", path.name)
         if match is None or not path.is_dir():
             continue
         try:
@@ -732,6 +737,10 @@ def _remove_stale_builds(log: Log) -> None:
         except ProcessLookupError:
             pass
         except PermissionError:
+            continue
+        mounted = _mounts_below(path)
+        if mounted:
+            print(f"[image] leaving {path}: mounts below it: {mounted}", file=log)
             continue
         print(f"[image] removing the working directory of a build that is gone: {path}", file=log)
         shutil.rmtree(path, ignore_errors=True)

@@ -463,8 +463,11 @@ class RealNode:
 
     def import_image(self, archive: Path, timeout: float = 600.0) -> str:
         """Import an OCI image archive (tests.peers.oci's, such as nodedra's image of
-        tests.peers.image) into the node's runtime, as if the node had pulled it; returns
-        the image's name, which the archive's index gives."""
+        tests.peers.image, or buildah's of tests.peers.dockerfile_image) into the node's
+        runtime, as if the node had pulled it; returns the image's name, which the archive's
+        index gives: its ``io.containerd.image.name`` annotation, else (buildah writes only
+        that) an ``org.opencontainers.image.ref.name`` that is a whole reference, which
+        ``ctr images import`` then names the image by as it stands."""
         try:
             with tarfile.open(archive) as tar:
                 index_file = tar.extractfile("index.json")
@@ -472,7 +475,14 @@ class RealNode:
                     raise KeyError("index.json")
                 index = json.load(index_file)
             manifest = index["manifests"][0]
-            name = str(manifest["annotations"]["io.containerd.image.name"])
+            annotations = manifest["annotations"]
+            name = str(
+                annotations.get("io.containerd.image.name")
+                or annotations["org.opencontainers.image.ref.name"]
+            )
+            if not re.search(r"[/:@]", name):
+                # ctr would name the image import-<date>:<tag>, not a name a pod can use.
+                raise KeyError(f"a reference name that is only a tag ({name})")
         except (OSError, tarfile.TarError, KeyError, IndexError, ValueError) as err:
             raise NodeError(
                 f"{archive} is not an OCI image archive with a named image: {err}"

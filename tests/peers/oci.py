@@ -149,17 +149,26 @@ def write_image_archive(spec: ImageSpec, path: Path) -> str:
 
 
 def write_layers_archive(
-    name: str, layers: Sequence[Layer], config: ImageConfig, path: Path
+    name: str,
+    layers: Sequence[Layer],
+    config: ImageConfig,
+    path: Path,
+    history: Sequence[str] = (),
 ) -> str:
     """Write an image of prepared ``layers`` (lowest first) as an OCI image layout archive at
     ``path``, named ``name`` for containerd; returns the manifest digest.
 
-    The archive is written beside ``path`` and renamed into place, so a reader (or a
-    parallel build) never sees half of one.
+    ``history``, when given, says what made each layer (the config's ``history``, one
+    ``created_by`` a layer): containerd needs none, but buildah refuses to build on an image
+    whose history lists fewer layers than it has (tests.peers.dockerfile_image). The archive
+    is written beside ``path`` and renamed into place, so a reader (or a parallel build)
+    never sees half of one.
     """
     if not layers:
         raise ValueError(f"image {name} needs at least one layer")
-    return _write_archive(name, [(layer.digest, layer) for layer in layers], config, path)
+    if history and len(history) != len(layers):
+        raise ValueError(f"image {name}: {len(history)} history entries for {len(layers)} layers")
+    return _write_archive(name, [(layer.digest, layer) for layer in layers], config, path, history)
 
 
 def _write_archive(
@@ -167,20 +176,20 @@ def _write_archive(
     layers: Sequence[tuple[str, bytes | Layer]],
     image_config: ImageConfig,
     path: Path,
+    history: Sequence[str] = (),
 ) -> str:
     """The OCI layout of one image: the layers' blobs, its config, manifest and index."""
     arch = host_architecture()
-    config_digest, config = _blob(
-        _json(
-            {
-                "architecture": arch,
-                "os": "linux",
-                "config": image_config.as_json(),
-                # Uncompressed: the layer's digest is its diff ID.
-                "rootfs": {"type": "layers", "diff_ids": [digest for digest, _ in layers]},
-            }
-        )
-    )
+    config_json: dict[str, Any] = {
+        "architecture": arch,
+        "os": "linux",
+        "config": image_config.as_json(),
+        # Uncompressed: the layer's digest is its diff ID.
+        "rootfs": {"type": "layers", "diff_ids": [digest for digest, _ in layers]},
+    }
+    if history:
+        config_json["history"] = [{"created_by": line} for line in history]
+    config_digest, config = _blob(_json(config_json))
 
     def size(layer: bytes | Layer) -> int:
         return len(layer) if isinstance(layer, bytes) else layer.size

@@ -1,12 +1,15 @@
 """nodedra's image recipe: the Dockerfile and tests.peers.image build from image/ alone.
 
-The Dockerfile cannot be built on the test machines (no Docker), so nothing runs it; what
-keeps it honest is that it installs exactly image/packages.txt and runs image/install.sh, with
-nothing inlined beside them, and that its ENTRYPOINT, CMD and ENV are those of the image built
-here (tests.peers.image, which the integration tests run). This module checks that by parsing
-the Dockerfile's instructions, and checks that the checks catch each kind of drift. It also
-checks the pieces of the other build that need neither root's network nor a node: the OCI
-archive writer for prepared layers, the layer packer and the stripping of the base tree.
+The Dockerfile is built only in ``tox -e dockerfile`` (buildah, minutes when cold:
+tests/integration/test_dockerfile.py compares its image with tests.peers.image's). What keeps
+it honest in every run is that it installs exactly image/packages.txt and runs
+image/install.sh, with nothing inlined beside them, and that its ENTRYPOINT, CMD and ENV are
+those of the image built here (tests.peers.image, which the integration tests run). This
+module checks that by parsing the Dockerfile's instructions, in milliseconds and without
+buildah, and checks that the checks catch each kind of drift. It also checks the pieces of
+the other builds that need neither root's network nor a node: the OCI archive writer for
+prepared layers, the layer packer, the stripping of the base tree, and what the Dockerfile
+build's cache key reads of setup.cfg.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import pytest
 
 from nodedra import __version__
-from tests.peers import image
+from tests.peers import dockerfile_image, image
 from tests.peers.oci import (
     MEDIA_CONFIG,
     MEDIA_LAYER,
@@ -651,6 +654,33 @@ def test_layers_archive_structure(tmp_path: Path) -> None:
     again = tmp_path / "again.tar"
     assert write_layers_archive(name, layers, config, again) == digest
     assert again.read_bytes() == archive_path.read_bytes()
+
+
+def test_layers_archive_history(tmp_path: Path) -> None:
+    """A history entry per layer when asked (buildah builds only on such an image), none
+    otherwise (the images of the other tests keep their digests)."""
+    layer = _tiny_layer(tmp_path / "base.tar", "bin/base", b"base")
+    config = ImageConfig(entrypoint=(), cmd=("bash",))
+    plain = write_layers_archive("x:1", [layer], config, tmp_path / "plain.tar")
+    write_layers_archive("x:1", [layer], config, tmp_path / "history.tar", history=["made"])
+    for name, history in (("plain.tar", None), ("history.tar", [{"created_by": "made"}])):
+        archive = Archive.read(tmp_path / name)
+        digest = archive.json("index.json")["manifests"][0]["digest"]
+        manifest = json.loads(archive.blob(digest))
+        assert json.loads(archive.blob(manifest["config"]["digest"])).get("history") == history
+    assert plain == write_layers_archive("x:1", [layer], config, tmp_path / "again.tar")
+    with pytest.raises(ValueError, match="2 history entries for 1 layers"):
+        write_layers_archive("x:1", [layer], config, tmp_path / "x.tar", history=["a", "b"])
+
+
+def test_dockerfile_build_reads_the_requirements_of_setup_cfg() -> None:
+    """The Dockerfile build's cache key resolves nodedra's requirements: every one of them,
+    comments left out."""
+    found = dockerfile_image.requirements()
+    assert found, "no requirement read from setup.cfg"
+    names = {re.split(r"[<>=!~ ;\[]", line, maxsplit=1)[0] for line in found}
+    assert {"kopf", "kubernetes", "grpcio", "protobuf", "pyyaml"} <= names
+    assert not [line for line in found if "#" in line]
 
 
 def test_layers_archive_needs_a_layer(tmp_path: Path) -> None:
