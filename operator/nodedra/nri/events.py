@@ -157,10 +157,18 @@ class Events:
         """A new connection: what an earlier one began to synchronize is forgotten."""
         self._pods, self._containers = [], []
 
-    def wait_idle(self) -> None:
-        """Wait until no event is being handled or answered."""
+    def when_idle(self, take: Callable[[], list[Update]]) -> list[Update]:
+        """``take()`` once no event is being handled or answered, before the next begins.
+
+        For the updates sent outside events: taken in one step with the wait, so that none
+        is of an event that began meanwhile and is not answered yet (a StartContainer that
+        starts between the wait and the taking would otherwise see its update overtake its
+        answer, see ``answered``). ``take`` may take the owner's lock: an event takes it
+        only after it began, never while it waits here.
+        """
         with self._busy:
             self._busy.wait_for(lambda: not self._handling)
+            return take()
 
     def answered(self) -> None:
         """The answer of the event handled last is on the wire (the connection's hook).

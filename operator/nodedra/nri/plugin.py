@@ -236,8 +236,8 @@ class NRIPlugin:
                     return
                 self._updates_wanted = False
                 connection = self._connection
-            self._events.wait_idle()  # the runtime could not act on them during an event
-            updates = self._owner.pending_updates()
+            # The runtime could not act on them during an event.
+            updates = self._events.when_idle(self._owner.pending_updates)
             if not updates or connection is None:
                 continue
             failed = self._push(connection, updates)

@@ -208,10 +208,10 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                     f"takes the whole of {result.device}, but {len(offered - free)} of its "
                     "CPUs or some of its memory or huge pages are held by other claims"
                 )
-            whole = tuple((size, n) for size, n in pages_free.items() if n)
-            return Grant(
-                result.request, result.device, offered, memory_free, frozenset({node.id}), whole
-            )
+            # No huge pages: a device is taken whole only where the API server drops
+            # consumable capacity, which (1.34, 1.35, gates off) is where it drops the
+            # mappings too, and without them no container may use a claim's huge pages.
+            return Grant(result.request, result.device, offered, memory_free, frozenset({node.id}))
         if wants.cpus > len(free):
             raise PolicyError(
                 f"{wants.cpus} CPUs asked for, only {len(free)} free on {result.device}"

@@ -43,6 +43,9 @@ class Owner:
         """What container_started answers: whether the started container is to be updated."""
         self.creating = threading.Event()
         self.changed = threading.Condition()
+        self.hold_taking = threading.Event()
+        self.hold_taking.set()
+        self.taking = threading.Event()
 
     def synchronize(self, pods: Sequence[Pod], containers: Sequence[Container]) -> list[Update]:
         self.synchronized.append((list(pods), list(containers)))
@@ -76,6 +79,8 @@ class Owner:
         pass
 
     def pending_updates(self) -> list[Update]:
+        self.taking.set()
+        self.hold_taking.wait(30)
         return list(self.pending)
 
     def updates_sent(self, sent: Sequence[Update], failed: Sequence[str]) -> bool:
@@ -271,6 +276,35 @@ def test_updates_wait_until_no_event_is_being_handled(
     with owner.changed:
         assert owner.changed.wait_for(lambda: owner.sent, 10)
     assert owner.sent == [([Update("c9", CPUSet("7"))], [])]
+
+
+def test_no_event_begins_while_the_updates_are_taken(
+    runtime: Runtime, plugin: NRIPlugin, owner: Owner
+) -> None:
+    """Taking the updates and seeing no event under way are one step: an event that began
+    between them could have its own update taken, and sent before its answer."""
+    peer = runtime.accept()
+    runtime.connect(peer)
+    owner.pending = [Update("c9", CPUSet("7"))]
+    owner.hold_taking.clear()
+    plugin.request_updates()
+    assert owner.taking.wait(10)
+    stream_id = runtime.next_id
+    request = pb.CreateContainerRequest(pod=pb.PodSandbox(id="p"), container=container(1))
+    peer.call(stream_id, PLUGIN, "CreateContainer", request.SerializeToString())
+    assert not owner.creating.wait(0.5), "the event began while the updates were taken"
+    owner.hold_taking.set()
+    assert owner.creating.wait(10)
+    answers = {}
+    for _ in range(2):  # the update taken before the event, and the event's answer
+        conn_id, message = peer.receive()
+        answers[conn_id] = message
+        if conn_id == RUNTIME_CONN:
+            peer.answer(message.stream_id, pb.UpdateContainersResponse().SerializeToString())
+    assert answers[PLUGIN_CONN].stream_id == stream_id
+    call = ttrpc_pb2.Request.FromString(answers[RUNTIME_CONN].payload)
+    updates = pb.UpdateContainersRequest.FromString(call.payload).update
+    assert [(u.container_id, u.linux.resources.cpu.cpus) for u in updates] == [("c9", "7")]
 
 
 def receive_updates(peer: Peer) -> tuple[int, list[tuple[str, str]]]:
