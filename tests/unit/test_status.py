@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import threading
 import urllib.request
@@ -307,22 +306,6 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
     assert (
         cpumap.check_processes({"numa_nodes": [], "containers": None}, proc)["containers"] is None
     )
-
-
-def test_this_machine_s_own_proc_is_read_as_a_container_s(tmp_path: Path) -> None:
-    """Our own cgroup's last component stands for a container ID: this process is found."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    names = [line.split(":", 2)[-1].rpartition("/")[2] for line in lines]
-    name = next((n for n in names if n and not n.endswith(".scope")), "")
-    if not name:
-        pytest.skip(f"no cgroup of this process ends in a plain name: {lines}")
-    found = cpumap.container_processes([name])
-    assert name in found
-    assert name in cpumap.cgroup_names(Path(f"/proc/{found[name]}/cgroup").read_text())
-    assert found[name] <= os.getpid(), "the lowest PID of our cgroup"
-    (checked,) = cpumap.check_processes(containers_map(entry(name, "0")))["containers"]
-    assert checked["process"]["pid"] == found[name]
-    assert parse_cpu_list(checked["process"]["cpus"]) == os.sched_getaffinity(found[name])
 
 
 # Drawing ----------------------------------------------------------------------------------
