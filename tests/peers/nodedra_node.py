@@ -36,6 +36,7 @@ import yaml
 
 from nodedra.inventory import inventory
 from nodedra.policy import load_config
+from nodedra.resmgr.checkpoint import FILE_NAME
 from nodedra.settings import FLAGS
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.peers.cluster import (
@@ -330,7 +331,7 @@ class NodeDirs:
 
     @property
     def checkpoint(self) -> Path:
-        return self.state / "checkpoint.json"
+        return self.state / FILE_NAME
 
     def spec_path(self, driver: str, claim_uid: str) -> Path:
         """Where nodedra writes the CDI spec of a prepared claim."""

@@ -63,15 +63,15 @@ that carry it must fit in a Unix socket path."""
 #: have a CDI spec) right after the crash. A crash anywhere else would leave another picture.
 AFTER_CRASH = {
     faults.PREPARE_ALLOCATED: (False, False),
-    faults.PREPARE_CHECKPOINT.written: (False, False),
-    faults.PREPARE_CHECKPOINT.renamed: (True, False),
+    faults.PREPARE_CHECKPOINT.written: (True, False),  # written in place: a restart reads it
+    faults.PREPARE_CHECKPOINT.synced: (True, False),
     faults.PREPARE_COMMITTED: (True, False),
     faults.PREPARE_SPEC.written: (True, False),
     faults.PREPARE_SPEC.renamed: (True, True),
     faults.PREPARE_WRITTEN: (True, True),
     faults.UNPREPARE_RELEASED: (True, True),
-    faults.UNPREPARE_CHECKPOINT.written: (True, True),
-    faults.UNPREPARE_CHECKPOINT.renamed: (False, True),
+    faults.UNPREPARE_CHECKPOINT.written: (False, True),
+    faults.UNPREPARE_CHECKPOINT.synced: (False, True),
     faults.UNPREPARE_COMMITTED: (False, True),
     faults.UNPREPARE_REMOVED: (False, False),
 }
@@ -244,9 +244,9 @@ class LocalNode:
             return {}
         return {p.name: p.read_bytes() for p in sorted(self.cdi_dir.iterdir())}
 
-    def checkpoint_bytes(self) -> bytes | None:
-        path = self.manager.checkpoint.path
-        return path.read_bytes() if path.exists() else None
+    def saved_state(self) -> State | None:
+        """What the checkpoint holds, as a restart reads it."""
+        return self.manager.checkpoint.load()
 
     def state(self) -> dict[str, Any]:
         return state_of(self.manager)

@@ -271,7 +271,7 @@ def bad_claim(case: Bad, ref: ClaimRef) -> Any:
 
 def frozen(node: LocalNode) -> tuple[Any, ...]:
     """Everything a bad claim must leave as it was."""
-    return (node.policy.snapshot(), node.checkpoint_bytes(), node.spec_files())
+    return (node.policy.snapshot(), node.saved_state(), node.spec_files())
 
 
 def test_every_case_has_its_claim() -> None:

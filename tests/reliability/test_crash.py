@@ -26,6 +26,7 @@ from nodedra.dra import KubeClusterAPI
 from nodedra.dra.endpoint import SERIALIZE_LOCK
 from nodedra.lib import faults
 from nodedra.resmgr import Checkpoint
+from nodedra.resmgr.checkpoint import FILE_NAME
 from tests.peers.controlplane import ControlPlane
 from tests.reliability.crashy_node import KUBECONFIG_FILE, write_claims
 from tests.reliability.helpers import (
@@ -151,7 +152,7 @@ class Scene:
         return path.read_bytes() if path.exists() else None
 
     def saved_claims(self) -> dict[str, Any]:
-        state = Checkpoint(self.root / "state" / "checkpoint.json").load()  # not corrupt
+        state = Checkpoint(self.root / "state" / FILE_NAME).load()  # not corrupt
         assert state is not None
         return dict(state.claims)
 
@@ -275,8 +276,8 @@ def test_crash_while_kubelet_reprepares(
 #: allocated; then the requests write their specs one after the other.
 BATCH_POINTS = {
     f"{faults.PREPARE_ALLOCATED}@2": (False, 0),  # the second request allocated, no commit yet
-    faults.PREPARE_CHECKPOINT.written: (False, 0),
-    faults.PREPARE_CHECKPOINT.renamed: (True, 0),  # one write holds all three
+    faults.PREPARE_CHECKPOINT.written: (True, 0),  # one write holds all three
+    faults.PREPARE_CHECKPOINT.synced: (True, 0),
     faults.PREPARE_COMMITTED: (True, 0),  # between the batch's save and the specs
     f"{faults.PREPARE_SPEC.renamed}@2": (True, 2),  # the second spec in place, not answered
     f"{faults.PREPARE_SPEC.written}@3": (True, 2),  # the third spec half written
@@ -330,7 +331,7 @@ def test_crash_in_a_batch_of_requests(
 def test_a_crash_point_ends_nodedra_as_the_first_process_of_its_pid_namespace() -> None:
     """In its container nodedra is PID 1, whose own SIGKILL the kernel ignores: the crash
     point must end it all the same, at once (no code after the point runs)."""
-    point = faults.PREPARE_CHECKPOINT.renamed
+    point = faults.PREPARE_CHECKPOINT.synced
     script = (
         "import os; from nodedra.lib import faults; print(os.getpid(), flush=True); "
         f"faults.crash_point({point!r}); print('survived', flush=True)"

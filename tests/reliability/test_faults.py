@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from nodedra.dra import KubeAPIError, KubeClusterAPI, RecoverableError, RequestR
 from nodedra.dra.kube import RESOURCE_API
 from nodedra.dra.publisher import SlicePublisher
 from nodedra.dra.slices import SliceApplier
+from nodedra.lib.slotfile import SlotFile
 from nodedra.policy import PolicyError, parse_config
 from nodedra.resmgr import CheckpointError
-from nodedra.resmgr.checkpoint import _checksum
+from nodedra.resmgr.checkpoint import FILE_NAME
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import (
     create_ready_node,
@@ -388,7 +390,8 @@ def _mount(*args: str) -> None:
 class BrokenDir:
     """A directory that writes fail in, until it is repaired: a tmpfs mounted over it.
 
-    "full": a 64 KiB tmpfs filled up, so writes fail with ENOSPC; "read-only": the tmpfs
+    "full": a tmpfs with 64 KiB more than the directory's files filled up, so writes of
+    new data fail with ENOSPC; "read-only": the tmpfs
     remounted read-only, so they fail with EROFS. These are the faults of a real node's
     full or read-only disk; nothing else stands in for them.
     """
@@ -398,7 +401,8 @@ class BrokenDir:
         self.fault = fault
         path.mkdir(parents=True, exist_ok=True)
         self.saved = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
-        _mount("-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(path))
+        room = 64 * 1024 + sum(len(data) for data in self.saved.values())
+        _mount("-t", "tmpfs", "-o", f"size={room},mode=0755", "tmpfs", str(path))
         self.mounted = True
         self.reason = os.strerror(errno.ENOSPC if fault == "full" else errno.EROFS)
         """What the failing writes say."""
@@ -461,7 +465,8 @@ def test_cdi_dir_that_cannot_be_written(
     try:
         assert node.prepare(held)[held.uid].error is None
         books = node.policy.snapshot()
-        checkpoint = node.checkpoint_bytes()
+        saved = node.saved_state()
+        assert saved is not None
         with failing_dir(node.cdi_dir, fault) as broken:
             error = str(node.prepare(new)[new.uid].error)
             assert error.startswith(f"claim {new}: ")
@@ -469,13 +474,13 @@ def test_cdi_dir_that_cannot_be_written(
             assert broken.reason in error
             # Nothing stays allocated: not in the policy, not in the checkpoint.
             assert node.policy.snapshot() == books
-            assert node.checkpoint_bytes() == checkpoint
+            assert node.saved_state() == saved
             if fault == "read-only":
                 # The release is made, and durable; only the spec is left for a retry.
                 error = str(node.unprepare(held)[held.uid])
                 assert error.startswith(f"claim {held}: released, but removing its")
                 assert node.policy.snapshot() == {}
-                assert json.loads(node.checkpoint_bytes() or b"")["data"]["claims"] == {}
+                assert node.saved_state() == replace(saved, claims={}, reservations={})
             broken.repair()
         if fault == "read-only":
             # A spec is all a failure leaves behind; the kubelet's retry removes it.
@@ -488,10 +493,9 @@ def test_cdi_dir_that_cannot_be_written(
         node.manager.stop()
 
 
-@pytest.mark.parametrize("fault", ["full", "read-only"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_state_dir_that_cannot_be_written(
-    control_plane: ControlPlane, namespace: str, root: Path, policy: str, fault: str
+    control_plane: ControlPlane, namespace: str, root: Path, policy: str
 ) -> None:
     """No commit, no allocation: a claim whose checkpoint write fails gets nothing."""
     node = LocalNode(root, policy, cluster=ClaimsOnServer(control_plane, namespace))
@@ -500,14 +504,14 @@ def test_state_dir_that_cannot_be_written(
     try:
         assert node.prepare(held)[held.uid].error is None
         books = node.policy.snapshot()
-        checkpoint = node.checkpoint_bytes()
+        saved = node.saved_state()
         state_dir = node.manager.checkpoint.path.parent
-        with failing_dir(state_dir, fault) as broken:
+        with failing_dir(state_dir, "read-only") as broken:
             error = str(node.prepare(new)[new.uid].error)
             assert error.startswith(f"claim {new}: committing the allocation failed")
             assert broken.reason in error
             assert node.policy.snapshot() == books
-            assert node.checkpoint_bytes() == checkpoint
+            assert node.saved_state() == saved
             assert node.manager.plugin.cdi.claim_uids() == [held.uid], "a spec without a commit"
             # An unprepare that cannot be committed keeps the claim's spec for the retry.
             error = str(node.unprepare(held)[held.uid])
@@ -522,14 +526,41 @@ def test_state_dir_that_cannot_be_written(
         node.manager.stop()
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_full_state_disk_fails_no_commit(
+    control_plane: ControlPlane, namespace: str, root: Path, policy: str
+) -> None:
+    """The checkpoint's two slots take their disk space when the file is made, and a commit
+    only overwrites them: a disk that fills up later fails no prepare and no unprepare."""
+    node = LocalNode(root, policy, cluster=ClaimsOnServer(control_plane, namespace))
+    held, new = (node.serve(sample_claim(policy, uid)) for uid in ("b", "a"))
+    node.manager.start()
+    try:
+        assert node.prepare(held)[held.uid].error is None
+        with failing_dir(node.manager.checkpoint.path.parent, "full"):
+            assert node.prepare(new)[new.uid].error is None
+            assert node.unprepare(held) == {held.uid: None}
+            saved = node.saved_state()
+            assert saved is not None
+            assert set(saved.claims) == {new.uid}
+            check_state(node.state())
+    finally:
+        node.manager.stop()
+
+
 # --- (d) the checkpoint is damaged -----------------------------------------------------------
 
 
-def _rewritten(document: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> bytes:
-    """The checkpoint ``document`` changed by ``change``, with a checksum that matches."""
-    change(document)
-    document["checksum"] = _checksum(document["version"], document["data"])
-    return json.dumps(document).encode()
+def _rewritten(data: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """The checkpoint file ``data`` with its newest record changed by ``change``: a record
+    whose checksum matches, as the slot file's own write makes it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        slots = SlotFile(Path(scratch) / FILE_NAME)
+        slots.path.write_bytes(data)
+        document = json.loads(slots.read() or b"")
+        change(document)
+        slots.write(json.dumps(document).encode())
+        return slots.path.read_bytes()
 
 
 def _same_cpu_twice(document: dict[str, Any]) -> None:
@@ -542,24 +573,27 @@ def _reserved_cpu_held(document: dict[str, Any]) -> None:
 
 
 CORRUPTIONS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
-    "empty": (lambda data: b"", "is corrupt: not a checkpoint document"),
-    "truncated": (lambda data: data[: len(data) // 2], "is corrupt: not a checkpoint document"),
-    "garbage": (lambda data: bytes(range(256)), "is corrupt: not text"),
-    "list": (lambda data: b"[]", "is corrupt: not a checkpoint document"),
-    "bit flipped": (
-        lambda data: data.replace(b'"memory"', b'"memorz"', 1),
-        "is corrupt: its checksum does not match its content",
+    "empty": (lambda data: b"", "is corrupt: its size"),
+    "truncated": (lambda data: data[: len(data) // 2 + 1], "is corrupt: its size"),
+    "garbage": (lambda data: bytes(range(256)), "is corrupt: neither of its two slots"),
+    "bit flipped in both slots": (
+        lambda data: data.replace(b'"memory"', b'"memorz"'),
+        "is corrupt: neither of its two slots holds a whole record",
+    ),
+    "not a document": (
+        lambda data: _rewritten(data, lambda d: d.update(kind="list")),
+        "is corrupt: not a nodedra.checkpoint document",
     ),
     "newer": (
-        lambda data: _rewritten(json.loads(data), lambda d: d.update(version=99)),
+        lambda data: _rewritten(data, lambda d: d.update(version=99)),
         "has schema version 99, written by a newer nodedra",
     ),
     "same CPU twice": (
-        lambda data: _rewritten(json.loads(data), _same_cpu_twice),
+        lambda data: _rewritten(data, _same_cpu_twice),
         "would be granted twice",
     ),
     "reserved CPU held": (
-        lambda data: _rewritten(json.loads(data), _reserved_cpu_held),
+        lambda data: _rewritten(data, _reserved_cpu_held),
         "reservedCPUs 0 are held by claims",
     ),
 }

@@ -428,4 +428,4 @@ def test_before_synchronizing_every_request_is_refused_whole(
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "cannot serve claims yet, still synchronizing" in (refused.value.details() or "")
     assert synchronizing.spec_files() == {}
-    assert synchronizing.checkpoint_bytes() is None
+    assert synchronizing.saved_state() is None

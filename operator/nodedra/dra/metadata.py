@@ -228,11 +228,26 @@ class MetadataStore:
         for entry in requests:
             uid = _uid_of(Path(entry.path) / FILE_NAME)
             if entry.is_dir() and remove(uid):
-                shutil.rmtree(entry.path)
+                _remove_request_dir(Path(entry.path))
                 removed.append(uid)
         with contextlib.suppress(OSError):  # not empty (another claim's request), or gone
             claim_dir.rmdir()
         return removed
+
+
+def _remove_request_dir(path: Path) -> None:
+    """Remove a request's directory: its file, then it (a crash's leftovers too, if any).
+
+    Not ``shutil.rmtree`` first: on every unprepare its walk costs more than the removal.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        (path / FILE_NAME).unlink()
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty: a temporary file a crash left beside it
+        shutil.rmtree(path)
 
 
 def _pod_claim_name(ref: ClaimRef, claim: Mapping[str, Any]) -> str | None:

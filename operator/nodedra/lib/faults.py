@@ -27,9 +27,18 @@ class WritePoints(NamedTuple):
     """The new file is in place; its directory is not synced yet."""
 
 
+class SlotPoints(NamedTuple):
+    """The crash points inside one write of a slot file (see ``nodedra.lib.slotfile``)."""
+
+    written: str
+    """The slot is written in place, not synced: readers see the new record."""
+    synced: str
+    """The slot is synced: the new record survives a power cut."""
+
+
 PREPARE_ALLOCATED = "prepare-allocated"
 """The policy allocated, nothing is committed yet."""
-PREPARE_CHECKPOINT = WritePoints("prepare-checkpoint-written", "prepare-checkpoint-renamed")
+PREPARE_CHECKPOINT = SlotPoints("prepare-checkpoint-written", "prepare-checkpoint-synced")
 """Inside the commit of an allocation (the checkpoint's write)."""
 PREPARE_COMMITTED = "prepare-committed"
 """The allocation is in the checkpoint, the CDI spec is not written."""
@@ -39,7 +48,7 @@ PREPARE_WRITTEN = "prepare-written"
 """The CDI spec is written, the kubelet has no answer yet."""
 UNPREPARE_RELEASED = "unprepare-released"
 """The policy released, nothing is committed yet."""
-UNPREPARE_CHECKPOINT = WritePoints("unprepare-checkpoint-written", "unprepare-checkpoint-renamed")
+UNPREPARE_CHECKPOINT = SlotPoints("unprepare-checkpoint-written", "unprepare-checkpoint-synced")
 """Inside the commit of a release (the checkpoint's write)."""
 UNPREPARE_COMMITTED = "unprepare-committed"
 """The release is in the checkpoint, the CDI spec is still there."""

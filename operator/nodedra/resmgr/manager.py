@@ -24,6 +24,7 @@ from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSet
 from nodedra.dra.claims import claim_ref
 from nodedra.lib import faults
 from nodedra.lib.durable import NotDurableError
+from nodedra.lib.slotfile import Identity
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
 from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
 
@@ -89,11 +90,11 @@ class ResourceManager:
             self.nri = NRIPlugin(self.containers, options.nri)
             self._nri_role = NRIRole(self.nri, self.containers, self.plugin.plugin_data_dir)
             self._nri_socket = options.nri.socket_path
-        self._saved: tuple[int, int] | None = None
+        self._saved: Identity | None = None
         """The checkpoint file we wrote or read last; None until the first start."""
         self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
         """What the checkpoint holds as of ``_saved``, readable without the lock."""
-        self._pending: faults.WritePoints | None = None
+        self._pending: faults.SlotPoints | None = None
         """The request under the lock changed the books since the last save: its kind."""
         self._durable: State | None = None
         """The state the checkpoint holds, as last written or read."""
@@ -411,7 +412,7 @@ class ResourceManager:
                 "e.g. to CPU 0's core, or --pinning=off)"
             )
 
-    def _save(self, crash_points: faults.WritePoints | None = None) -> None:
+    def _save(self, crash_points: faults.SlotPoints | None = None) -> None:
         """Write the policy's state to the checkpoint (lock held); raise on failure.
 
         Once the new file is in place it is what a restart and the other instance read,

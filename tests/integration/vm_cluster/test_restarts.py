@@ -10,13 +10,16 @@ CDI specs (``/var/run/cdi``) on its tmpfs, gone at every boot.
 
 from __future__ import annotations
 
+import base64
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodedra.lib.faults import CRASH_AT, PREPARE_CHECKPOINT
+from nodedra.resmgr.checkpoint import FILE_NAME, Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.integration.vm_cluster import CLAIMS, TEST_NAMESPACE, claim_pod, numa1_claim
 from tests.peers.cluster import get_pod, poll
@@ -149,13 +152,13 @@ def test_after_a_reboot_every_pod_runs_again_on_its_claim(
 
 
 def test_a_power_cut_while_a_claim_is_prepared_gives_nothing_twice(
-    deployed: VMCluster, keeper: Placement
+    deployed: VMCluster, keeper: Placement, tmp_path: Path
 ) -> None:
-    """nodedra dies inside a prepare, right after its checkpoint's rename (the new state in
-    place, its directory not synced, the kubelet told nothing), and the guest loses power.
-    After the boot the claim's pod runs on the NUMA node's other CPU: the claim is held
-    once, whichever checkpoint the power cut left."""
-    point = PREPARE_CHECKPOINT.renamed
+    """nodedra dies inside a prepare, right after its checkpoint's new state is written in
+    place (not synced, the kubelet told nothing), and the guest loses power. After the boot
+    the claim's pod runs on the NUMA node's other CPU: the claim is held once, whichever
+    state the power cut left."""
+    point = PREPARE_CHECKPOINT.written
     deployed.kubectl("-n", NAMESPACE, "set", "env", "daemonset/nodedra", f"{CRASH_AT}={point}")
     rollout_status(deployed.kubectl, timeout=600)
     _create_claim_pod(deployed, "cut")
@@ -181,7 +184,10 @@ def test_a_power_cut_while_a_claim_is_prepared_gives_nothing_twice(
     deployed.vm.start()
     # Read before nodedra is back (the kubelet is still starting): what the power cut left.
     uid = claim["metadata"]["uid"]
-    held = deployed.vm.run(f"grep -q {uid} /var/lib/nodedra/checkpoint.json").returncode == 0
+    saved = deployed.vm.run(f"base64 -w0 /var/lib/nodedra/{FILE_NAME}").check()
+    (tmp_path / FILE_NAME).write_bytes(base64.b64decode(saved))
+    state = Checkpoint(tmp_path / FILE_NAME).load()
+    held = state is not None and uid in state.claims
     print(f"[vm] power cut {status} restart(s) after the crash; the claim on disk: {held}")
 
     deployed.wait_nodedra_ready()

@@ -19,7 +19,7 @@ from nodedra.policy import PolicyConfig, PolicyError, make_policy
 from nodedra.policy.base import ExclusiveCPUPolicy
 from nodedra.policy.static import device_name as cpu_device
 from nodedra.policy.topology_aware import device_name as node_device
-from nodedra.resmgr.checkpoint import Checkpoint, State
+from nodedra.resmgr.checkpoint import FILE_NAME, Checkpoint, State
 from tests.unit.policy.conftest import Host, claim, topology
 
 SHAPE = "two-socket-smt2-numa4"
@@ -33,7 +33,7 @@ class Books(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp())
-        self.checkpoint = Checkpoint(self.dir / "checkpoint.json")
+        self.checkpoint = Checkpoint(self.dir / FILE_NAME)
         self.policy = self._new_policy(PolicyConfig(policy=self.policy_name), {})
         self.held: dict[str, frozenset[int]] = {}
 

@@ -1,4 +1,4 @@
-"""The checkpoint: round trip, atomic replacement, refusing what it cannot trust, migrations."""
+"""The checkpoint: round trip, refusing what it cannot trust, migrations, the legacy file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nodedra.lib import durable
+from nodedra.lib.slotfile import SlotFile
 from nodedra.resmgr import checkpoint as cp
 from nodedra.resmgr.checkpoint import Checkpoint, CheckpointError, State
 
@@ -18,7 +19,22 @@ STATE = State("topology-aware", "topology-aware.nri.io", {"u1": {"grants": []}})
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Checkpoint:
-    return Checkpoint(tmp_path / "state" / "checkpoint.json")
+    return Checkpoint(tmp_path / "state" / cp.FILE_NAME)
+
+
+def write_legacy(checkpoint: Checkpoint, version: int, data: dict[str, Any]) -> None:
+    """A ``checkpoint.json`` as nodedra of schema ``version`` wrote it."""
+    checkpoint.legacy_path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"kind": cp.KIND, "version": version, "data": data}
+    document["checksum"] = cp._checksum(version, data)
+    checkpoint.legacy_path.write_text(json.dumps(document))
+
+
+def rewrite(checkpoint: Checkpoint, change: Any) -> None:
+    """Save a record of the checkpoint's document changed by ``change``."""
+    document = {"kind": cp.KIND, "version": cp.VERSION, "data": {"policy": "static"}}
+    change(document)
+    SlotFile(checkpoint.path).write(json.dumps(document).encode())
 
 
 def test_missing_checkpoint_is_a_first_start(checkpoint: Checkpoint) -> None:
@@ -28,64 +44,57 @@ def test_missing_checkpoint_is_a_first_start(checkpoint: Checkpoint) -> None:
 def test_round_trip(checkpoint: Checkpoint) -> None:
     checkpoint.save(STATE)
     assert checkpoint.load() == STATE
-    assert os.listdir(checkpoint.path.parent) == ["checkpoint.json"]
-    document = json.loads(checkpoint.path.read_text())
-    assert (document["kind"], document["version"]) == ("nodedra.checkpoint", cp.VERSION)
+    assert os.listdir(checkpoint.path.parent) == [cp.FILE_NAME]
+    newer = State("topology-aware", "topology-aware.nri.io", {})
+    checkpoint.save(newer)
+    assert checkpoint.load() == newer
 
 
-def test_save_replaces_atomically(checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_save_that_fails_keeps_the_state_before(
+    checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checkpoint.save(STATE)
-    before = checkpoint.path.read_bytes()
 
     def fail(*args: Any) -> None:
-        raise OSError(28, "No space left on device")
+        raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr(os, "pwrite", fail)
+    with pytest.raises(OSError, match="Input/output error"):
         checkpoint.save(State("topology-aware", "topology-aware.nri.io", {}))
-    assert checkpoint.path.read_bytes() == before
-    assert os.listdir(checkpoint.path.parent) == ["checkpoint.json"], "temp file left behind"
-
-
-def tamper(checkpoint: Checkpoint, change: Any) -> None:
-    document = json.loads(checkpoint.path.read_text())
-    change(document)
-    checkpoint.path.write_text(json.dumps(document))
+    monkeypatch.undo()
+    assert checkpoint.load() == STATE
 
 
 @pytest.mark.parametrize(
-    ("damage", "message"),
+    ("change", "message"),
     [
-        (lambda p: p.write_text("{not json"), "not a checkpoint document"),
-        (lambda p: p.write_text("[]"), "not a checkpoint document"),
-        (lambda p: p.write_text(p.read_text()[:40]), "not a checkpoint document"),
-        (
-            lambda p: p.write_text(p.read_text().replace('"u1"', '"u2"')),
-            "checksum does not match",
-        ),
-        (
-            lambda p: p.write_text(p.read_text().replace("nodedra.checkpoint", "other")),
-            "not a nodedra.checkpoint document",
-        ),
+        (lambda d: d.update(kind="other"), "not a nodedra.checkpoint document"),
+        (lambda d: d.pop("data"), "its record is not a checkpoint document"),
+        (lambda d: d.update(data=[]), "not a nodedra.checkpoint document"),
+        (lambda d: d["data"].pop("policy"), "missing or malformed field"),
     ],
 )
-def test_corrupt_checkpoint_is_refused(checkpoint: Checkpoint, damage: Any, message: str) -> None:
-    checkpoint.save(STATE)
-    damage(checkpoint.path)
+def test_a_record_that_is_no_checkpoint_is_refused(
+    checkpoint: Checkpoint, change: Any, message: str
+) -> None:
+    rewrite(checkpoint, change)
     with pytest.raises(CheckpointError, match=message) as caught:
         checkpoint.load()
     assert "is corrupt" in str(caught.value)
+    assert f"mv {checkpoint.path} {checkpoint.path}.corrupt" in str(caught.value)
+
+
+def test_a_damaged_file_is_refused(checkpoint: Checkpoint) -> None:
+    checkpoint.save(STATE)
+    checkpoint.save(STATE)
+    checkpoint.path.write_bytes(checkpoint.path.read_bytes().replace(b"u1", b"u2"))
+    with pytest.raises(CheckpointError, match="neither of its two slots") as caught:
+        checkpoint.load()
     assert "move the file" in str(caught.value)
 
 
 def test_newer_version_is_refused(checkpoint: Checkpoint) -> None:
-    checkpoint.save(STATE)
-
-    def newer(document: dict[str, Any]) -> None:
-        document["version"] = cp.VERSION + 1
-        document["checksum"] = cp._checksum(document["version"], document["data"])
-
-    tamper(checkpoint, newer)
+    rewrite(checkpoint, lambda d: d.update(version=cp.VERSION + 1))
     with pytest.raises(CheckpointError, match="written by a newer nodedra"):
         checkpoint.load()
 
@@ -112,10 +121,7 @@ def test_older_versions_are_migrated(
         },
     )
     old = {"policyName": "static", "driverName": "static.nri.io", "held": {"u1": []}}
-    checkpoint.path.parent.mkdir(parents=True)
-    checkpoint.path.write_text(
-        json.dumps({"kind": cp.KIND, "version": 1, "data": old, "checksum": cp._checksum(1, old)})
-    )
+    write_legacy(checkpoint, 1, old)
     assert checkpoint.load() == State("static", "static.nri.io", {"u1": {"grants": []}})
 
 
@@ -123,10 +129,7 @@ def test_a_version_1_checkpoint_is_read(checkpoint: Checkpoint) -> None:
     """What nodedra wrote before it recorded reservations still loads, with none."""
     claims = {"u1": {"grants": [{"request": "r", "device": "cpu003", "cpus": "3"}]}}
     data = {"policy": "static", "driver": "static.nri.io", "claims": claims}
-    checkpoint.path.parent.mkdir(parents=True)
-    checkpoint.path.write_text(
-        json.dumps({"kind": cp.KIND, "version": 1, "data": data, "checksum": cp._checksum(1, data)})
-    )
+    write_legacy(checkpoint, 1, data)
     assert checkpoint.load() == State("static", "static.nri.io", claims, {})
 
 
@@ -147,20 +150,99 @@ def test_version_without_migration_is_refused(
         checkpoint.load()
 
 
-def test_a_save_that_fails_after_the_rename_says_the_new_state_is_in_place(
+def test_a_save_that_fails_once_written_says_the_new_state_is_in_place(
     checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The directory's fsync fails: the new state is what a reader gets, and the error
-    says so (NotDurableError), not that the checkpoint is as it was."""
+    """The sync fails: the new state is what a reader gets, and the error says so
+    (NotDurableError), not that the checkpoint is as it was."""
     checkpoint.save(STATE)
     newer = State("topology-aware", "topology-aware.nri.io", {})
 
-    def fail(directory: Path) -> None:
+    def fail(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(durable, "fsync_directory", fail)
+    monkeypatch.setattr(os, "fdatasync", fail)
     with pytest.raises(durable.NotDurableError, match="may not survive a power cut") as caught:
         checkpoint.save(newer)
     assert isinstance(caught.value.__cause__, OSError)
     assert checkpoint.load() == newer
-    assert os.listdir(checkpoint.path.parent) == ["checkpoint.json"]
+
+
+# -- checkpoint.json, as schema versions 1 and 2 kept it --------------------------------------
+
+VERSION_2: dict[str, Any] = {
+    "policy": "static",
+    "driver": "static.nri.io",
+    "claims": {"u1": {"grants": [{"request": "r", "device": "cpu003", "cpus": "3"}]}},
+    "reservations": {"u1": {"namespace": "ns", "name": "c", "pods": ["p1"]}},
+}
+
+
+def test_a_legacy_checkpoint_is_read_and_then_left_a_note(checkpoint: Checkpoint) -> None:
+    """The first save moves the state into the slot file and leaves in checkpoint.json a
+    note that nodedra of schema version 2 refuses as newer (so an older instance still
+    running during a rolling update stops acting on books it can no longer see)."""
+    write_legacy(checkpoint, 2, VERSION_2)
+    state = checkpoint.load()
+    assert state == State("static", "static.nri.io", VERSION_2["claims"], VERSION_2["reservations"])
+    checkpoint.save(state)
+    assert checkpoint.load() == state
+    note = json.loads(checkpoint.legacy_path.read_text())
+    assert note["version"] == 3
+    assert note["data"] == {"movedTo": cp.FILE_NAME}
+    assert note["checksum"] == cp._checksum(3, note["data"]), "an old nodedra checks it first"
+    assert sorted(os.listdir(checkpoint.path.parent)) == sorted([cp.FILE_NAME, cp.LEGACY_NAME])
+
+
+def test_an_older_nodedra_refuses_the_note(
+    checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What nodedra of schema version 2 reads in checkpoint.json: written by a newer one."""
+    write_legacy(checkpoint, 2, VERSION_2)
+    checkpoint.save(STATE)
+    old = Checkpoint(checkpoint.path.with_name("elsewhere.slots"))  # sees only the legacy file
+    monkeypatch.setattr(cp, "VERSION", 2)
+    with pytest.raises(CheckpointError, match="schema version 3, written by a newer nodedra"):
+        old.load()
+
+
+def test_the_note_without_the_slot_file_is_refused(checkpoint: Checkpoint) -> None:
+    write_legacy(checkpoint, 2, VERSION_2)
+    checkpoint.save(STATE)
+    checkpoint.path.unlink()
+    with pytest.raises(CheckpointError, match="it says the state moved to"):
+        checkpoint.load()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: p.write_text("{not json"), "not a checkpoint document"),
+        (lambda p: p.write_text("[]"), "not a checkpoint document"),
+        (lambda p: p.write_bytes(bytes(range(256))), "not text"),
+        (lambda p: p.write_text(p.read_text().replace("cpu003", "cpu004")), "checksum does not"),
+    ],
+)
+def test_a_damaged_legacy_checkpoint_is_refused(
+    checkpoint: Checkpoint, damage: Any, message: str
+) -> None:
+    write_legacy(checkpoint, 2, VERSION_2)
+    damage(checkpoint.legacy_path)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        checkpoint.load()
+    assert f"mv {checkpoint.legacy_path} {checkpoint.legacy_path}.corrupt" in str(caught.value)
+
+
+def test_leftovers_of_both_files_are_removed(checkpoint: Checkpoint) -> None:
+    checkpoint.save(STATE)
+    for name in (f".{cp.FILE_NAME}.x1.tmp", f".{cp.LEGACY_NAME}.x2.tmp"):
+        (checkpoint.path.parent / name).write_text("")
+    assert sorted(checkpoint.remove_leftovers()) == sorted(
+        [f".{cp.FILE_NAME}.x1.tmp", f".{cp.LEGACY_NAME}.x2.tmp"]
+    )
+    assert os.listdir(checkpoint.path.parent) == [cp.FILE_NAME]
+
+
+def test_the_legacy_name_is_not_the_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="legacy"):
+        Checkpoint(tmp_path / cp.LEGACY_NAME)

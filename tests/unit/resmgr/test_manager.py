@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nodedra.dra import ClaimRef, RequestObserver, driver_name
-from nodedra.lib import durable, faults
+from nodedra.lib import faults
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager, batchlock
 from tests.peers.cluster import poll
@@ -63,6 +63,12 @@ class Node:
     def specs(self) -> list[str]:
         return sorted(p.name for p in (self.tmp / "cdi").glob("*.yaml"))
 
+    def saved_claims(self) -> dict[str, Any]:
+        """The claims in the checkpoint on disk (read as a restart reads them)."""
+        saved = self.manager.checkpoint.load()
+        assert saved is not None, "no checkpoint"
+        return dict(saved.claims)
+
 
 @pytest.fixture(params=["topology-aware", "static"])
 def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
@@ -93,12 +99,11 @@ def test_prepare_unprepare_end_to_end(node: Node) -> None:
     (device,) = answer.devices
     assert device.cdi_device_ids == (f"{node.driver}/device=claim-u1-0",)
     assert node.specs() == [f"{node.driver}-device_u1.yaml"]
-    saved = json.loads(node.manager.checkpoint.path.read_text())
-    assert list(saved["data"]["claims"]) == ["u1"]
+    assert list(node.saved_claims()) == ["u1"]
 
     assert node.manager.plugin.node_unprepare([ref]) == {"u1": None}
     assert node.specs() == []
-    assert json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"] == {}
+    assert node.saved_claims() == {}
 
 
 def test_restart_restores_claims_and_sweeps_orphan_specs(node: Node) -> None:
@@ -190,8 +195,7 @@ def test_rolling_update_instances_share_the_books(tmp_path: Path) -> None:
         assert "CPU 5 is held by claim first" in str(answer.error)
         second = new.add_claim("second", [result("req", "cpu006", driver=new.driver, pool=NODE)])
         assert new.manager.plugin.node_prepare([second])["second"].error is None
-        saved = json.loads(new.manager.checkpoint.path.read_text())["data"]["claims"]
-        assert sorted(saved) == ["first", "second"]
+        assert sorted(new.saved_claims()) == ["first", "second"]
         old.manager.stop()
         assert new.manager.plugin.node_unprepare([first]) == {"first": None}
         assert new.manager.policy.claim_uids() == {"second"}
@@ -259,14 +263,13 @@ def test_a_request_of_many_claims_writes_the_checkpoint_once(
     assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2"])
     assert saves.count == 1
     assert node.manager.policy.claim_uids() == {"u0", "u1", "u2"}
-    saved = json.loads(node.manager.checkpoint.path.read_text())
-    assert set(saved["data"]["claims"]) == {"u0", "u1", "u2"}
+    assert set(node.saved_claims()) == {"u0", "u1", "u2"}
     assert len(node.specs()) == 3
 
     assert node.manager.plugin.node_unprepare(refs) == dict.fromkeys(["u0", "u1", "u2"])
     assert saves.count == 2
     assert node.specs() == []
-    assert json.loads(node.manager.checkpoint.path.read_text())["data"]["claims"] == {}
+    assert node.saved_claims() == {}
 
 
 def test_a_failed_commit_fails_the_request_and_keeps_what_was_durable(
@@ -396,8 +399,7 @@ def test_requests_that_come_together_share_one_checkpoint_write(
         thread.join(30)
     assert {uid: a.error for uid, a in answers.items()} == dict.fromkeys(["u0", "u1", "u2", "u3"])
     assert saves.count == 2, "one write for the first request, one for the three behind it"
-    saved = json.loads(node.manager.checkpoint.path.read_text())
-    assert set(saved["data"]["claims"]) == {"u0", "u1", "u2", "u3"}
+    assert set(node.saved_claims()) == {"u0", "u1", "u2", "u3"}
     assert len(node.specs()) == 4
 
 
@@ -453,32 +455,32 @@ def test_other_holders_of_the_lock_see_requests_whole(
     assert seen == [(all_four, all_four, 4)], "the event saw a batch half done"
 
 
-# -- a commit that fails after the new checkpoint is in place ------------------------------------
+# -- a commit that fails once the new state is written ------------------------------------
 
 
-class FailingAfterRename:
-    """Makes the checkpoint's writes fail after the rename (while ``failing`` is set): the
-    directory's fsync fails, or (as a crash point that raised) the step right after it."""
+class FailingAfterWrite:
+    """Makes the checkpoint's writes fail once the new state is written (while ``failing``
+    is set): its sync fails, or (as a crash point that raised) the step right after it."""
 
     def __init__(self, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
         self.failing = False
-        real_fsync, real_point = durable.fsync_directory, faults.crash_point
+        real_sync, real_point = os.fdatasync, faults.crash_point
 
-        def fsync_directory(directory: Path) -> None:
-            if self.failing and where == "directory fsync":
+        def fdatasync(fd: int) -> None:
+            if self.failing and where == "sync":
                 raise OSError(5, "Input/output error")
-            real_fsync(directory)
+            real_sync(fd)
 
         def crash_point(name: str) -> None:
-            if self.failing and where == "after the rename" and name.endswith("checkpoint-renamed"):
+            if self.failing and where == "after the sync" and name.endswith("checkpoint-synced"):
                 raise RuntimeError(f"failed at {name}")
             real_point(name)
 
-        monkeypatch.setattr(durable, "fsync_directory", fsync_directory)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
         monkeypatch.setattr(faults, "crash_point", crash_point)
 
 
-AFTER_RENAME = ["directory fsync", "after the rename"]
+AFTER_WRITE = ["sync", "after the sync"]
 
 
 def assert_memory_is_the_disk(node: Node) -> dict[str, Any]:
@@ -490,18 +492,18 @@ def assert_memory_is_the_disk(node: Node) -> dict[str, Any]:
     return dict(saved.claims)
 
 
-@pytest.mark.parametrize("where", AFTER_RENAME)
-def test_a_prepare_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
+@pytest.mark.parametrize("where", AFTER_WRITE)
+def test_a_prepare_commit_that_fails_once_written_holds_what_the_disk_holds(
     node: Node, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """The new checkpoint is in place: the policy keeps the batch's claims, as a restart
+    """The new state is written: the policy keeps the batch's claims, as a restart
     would read them, but the request fails (the commit may not survive a power cut) and
     writes no spec; the kubelet's retry commits again and gets what a clean run gives."""
     node.manager.start()
     first = node.add_claim("u0", results_on(node, 0))
     assert node.manager.plugin.node_prepare([first])["u0"].error is None
     before_specs = node.specs()
-    fault = FailingAfterRename(where, monkeypatch)
+    fault = FailingAfterWrite(where, monkeypatch)
     fault.failing = True
 
     refs = [first, *(node.add_claim(f"u{i}", results_on(node, i)) for i in (1, 2))]
@@ -522,8 +524,8 @@ def test_a_prepare_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
     assert len(node.specs()) == 3
 
 
-@pytest.mark.parametrize("where", AFTER_RENAME)
-def test_a_release_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
+@pytest.mark.parametrize("where", AFTER_WRITE)
+def test_a_release_commit_that_fails_once_written_holds_what_the_disk_holds(
     node: Node, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """The release is on disk: the policy has let the claims go too; their specs stay
@@ -532,7 +534,7 @@ def test_a_release_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
     refs = [node.add_claim(f"u{i}", results_on(node, i)) for i in range(2)]
     assert all(a.error is None for a in node.manager.plugin.node_prepare(refs).values())
     specs = node.specs()
-    fault = FailingAfterRename(where, monkeypatch)
+    fault = FailingAfterWrite(where, monkeypatch)
     fault.failing = True
 
     answers = node.manager.plugin.node_unprepare(refs)
@@ -546,12 +548,12 @@ def test_a_release_commit_that_fails_after_the_rename_holds_what_the_disk_holds(
     assert node.specs() == []
 
 
-@pytest.mark.parametrize("where", AFTER_RENAME)
-def test_after_a_commit_that_failed_after_the_rename_both_instances_agree(
+@pytest.mark.parametrize("where", AFTER_WRITE)
+def test_after_a_commit_that_failed_once_written_both_instances_agree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """During a rolling update the other instance catches up with the checkpoint on disk:
-    the instance whose commit failed after the rename must hold the same claims, and
+    the instance whose commit failed once written must hold the same claims, and
     neither may give their CPUs to another claim."""
     old, new = Node(tmp_path, "static"), Node(tmp_path, "static")
     new.cluster = old.cluster
@@ -560,7 +562,7 @@ def test_after_a_commit_that_failed_after_the_rename_both_instances_agree(
     old.manager.start()
     new.manager.start()
     try:
-        fault = FailingAfterRename(where, monkeypatch)
+        fault = FailingAfterWrite(where, monkeypatch)
         fault.failing = True
         first = old.add_claim("first", results_for(old))  # cpu005
         assert old.manager.plugin.node_prepare([first])["first"].error is not None

@@ -4,7 +4,6 @@ its CDI spec. What one of them does must never undo what the other reports."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,10 +63,9 @@ def two_requests_behind_a_write(
 
 def held(node: Node, uid: str) -> tuple[bool, bool, bool]:
     """Whether the policy, the checkpoint and the CDI specs hold claim ``uid``."""
-    saved = json.loads(node.manager.checkpoint.path.read_text())
     return (
         uid in node.manager.policy.claim_uids(),
-        uid in saved["data"]["claims"],
+        uid in node.saved_claims(),
         node.manager.plugin.cdi.has_claim(uid),
     )
 
