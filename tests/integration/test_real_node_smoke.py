@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from tests.conftest import GoDriverFactory, RealNodeFactory
-from tests.peers.build import kubernetes_version
 from tests.peers.cgroups import hierarchies
 from tests.peers.cluster import get_pod, wait_for_slices, wait_pod_scheduled
 from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.mountns import KUBELET_SYSCTLS
 from tests.peers.netns import NODE_ADDRESS
 from tests.peers.node import NOT_READY_TAINT, RealNode
+from tests.peers.peer_groups import kubernetes_version
 from tests.peers.pods import (
     PAUSE_IMAGE,
     WORKLOAD_CONTAINER,
