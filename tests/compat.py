@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.peers.build import KUBERNETES_VERSIONS, OLDEST_NODE_RELEASE
+from tests.peers.peer_groups import KUBERNETES_VERSIONS, OLDEST_NODE_RELEASE
 from tests.peers.profile import GATES_ENV, KUBERNETES_ENV
 
 TESTS = (

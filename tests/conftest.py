@@ -57,25 +57,15 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from tests.peers.build import (
-    KUBERNETES_PEERS,
-    KUBERNETES_VERSIONS,
-    NODE_PEERS,
-    PeerBinaries,
-    PeerBuildError,
-    build_in_background,
-    cache_root,
-    ensure_binaries,
-    kubernetes_peer,
-    peer_names,
-    release_peers,
-)
+from tests.peers.build import PeerBinaries, build_in_background, ensure_binaries
 from tests.peers.busybox import busybox_binary, busybox_image_archive
+from tests.peers.cache import PeerBuildError, cache_root
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
 from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.dockerfile_image import build_dockerfile_image
 from tests.peers.go_driver import GoDriver
-from tests.peers.image import ImageBuildError, NodedraImage, build_nodedra_image
+from tests.peers.image import build_nodedra_image
+from tests.peers.image_build import ImageBuildError, NodedraImage
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.netns import NetworkNamespaceError, enter_private_network, in_private_network
 from tests.peers.node import NodeError, RealNode
@@ -89,6 +79,14 @@ from tests.peers.nodedra_node import (
     write_config,
 )
 from tests.peers.nri_runtime import NRIFactory
+from tests.peers.peer_groups import (
+    KUBERNETES_PEERS,
+    KUBERNETES_VERSIONS,
+    NODE_PEERS,
+    kubernetes_peer,
+    peer_names,
+    release_peers,
+)
 from tests.peers.profile import (
     ClusterProfile,
     ProfileError,

@@ -25,7 +25,8 @@ import pytest
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import resource_slices
 from tests.peers.deployment import DeploymentCluster
-from tests.peers.image import DEFAULT_NAME, IMAGE_CONFIG, VENV, NodedraImage
+from tests.peers.image import DEFAULT_NAME, IMAGE_CONFIG, VENV
+from tests.peers.image_build import NodedraImage
 from tests.peers.nodedra_node import MANIFESTS, ROOT, TOPOLOGY_AWARE
 
 #: The files whose content the comparison reads.

@@ -20,7 +20,9 @@ from typing import Any
 
 from nodedra import __version__
 from tests.conftest import RealNodeFactory
-from tests.peers.image import IMAGE_CONFIG, PYTHON, VENV, NodedraImage
+from tests.peers.image import IMAGE_CONFIG, VENV
+from tests.peers.image_base import PYTHON
+from tests.peers.image_build import NodedraImage
 from tests.peers.node import RealNode
 
 

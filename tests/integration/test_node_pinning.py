@@ -198,6 +198,25 @@ def start_nodedra(
     return nodedra
 
 
+def pinned_node(
+    cp: ControlPlane,
+    namespace: str,
+    real_node_factory: RealNodeFactory,
+    nodedra_factory: NodedraFactory,
+    *,
+    runtime: str,
+    policy: str,
+    **node_options: Any,
+) -> Pinned:
+    """A real node running ``runtime`` (``node_options`` are RealNode's) with nodedra pinning
+    its containers by ``policy``, RESERVED reserved: what the fixtures of the tests on such a
+    node give."""
+    node = real_node_factory(runtime=runtime, cdi_dir=nodedra_factory.dirs.cdi, **node_options)
+    nodedra_factory.write_config({"policy": policy, "reservedCPUs": RESERVED})
+    nodedra = start_nodedra(nodedra_factory, node, cp, driver_name(policy))
+    return Pinned(cp, namespace, node, nodedra_factory, policy, nodedra)
+
+
 @pytest.fixture(
     params=[(r, p) for r in NODE_RUNTIMES for p in POLICIES],
     ids=[f"{r}-{p}" for r in NODE_RUNTIMES for p in POLICIES],
@@ -210,10 +229,14 @@ def pinned(
     nodedra_factory: NodedraFactory,
 ) -> Pinned:
     runtime, policy = request.param
-    node = real_node_factory(runtime=runtime, cdi_dir=nodedra_factory.dirs.cdi)
-    nodedra_factory.write_config({"policy": policy, "reservedCPUs": RESERVED})
-    nodedra = start_nodedra(nodedra_factory, node, workload_controllers, driver_name(policy))
-    return Pinned(workload_controllers, namespace, node, nodedra_factory, policy, nodedra)
+    return pinned_node(
+        workload_controllers,
+        namespace,
+        real_node_factory,
+        nodedra_factory,
+        runtime=runtime,
+        policy=policy,
+    )
 
 
 def test_a_pod_runs_on_the_cpus_of_its_claim_and_the_others_do_not(pinned: Pinned) -> None:

@@ -14,7 +14,6 @@ import socket
 
 import pytest
 
-from tests.peers.build import NRI_CONTAINERD, NRI_VERSIONS
 from tests.peers.nri_protocol import (
     BulkSpec,
     ContainerSpec,
@@ -24,6 +23,7 @@ from tests.peers.nri_protocol import (
     env_name,
 )
 from tests.peers.nri_runtime import NRIFactory, NRIRuntime
+from tests.peers.peer_groups import NRI_CONTAINERD, NRI_VERSIONS
 
 ONLINE = "0-15"
 CLAIM = "0b6f3a8e-5d1c-4e2a-9f7b-2c4d6e8f0a1b"

@@ -27,7 +27,6 @@ from nodedra.dra import claim_of_cdi_device
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import KubeletFactory, NodedraFactory
-from tests.peers.build import NRI_VERSIONS
 from tests.peers.cluster import (
     get_claim,
     get_pod,
@@ -45,6 +44,7 @@ from tests.peers.nodedra_node import (
 )
 from tests.peers.nri_protocol import BulkSpec, ContainerSpec, PodSpec, Resources, env_name
 from tests.peers.nri_runtime import NRIFactory, NRIRuntime
+from tests.peers.peer_groups import NRI_VERSIONS
 
 DEVICES = 4
 ONLINE = "0-55"

@@ -18,13 +18,14 @@ import pytest
 import yaml
 
 from tests.conftest import GoDriverFactory, RealNodeFactory
-from tests.peers.build import kubernetes_version
 from tests.peers.cgroups import hierarchies
 from tests.peers.cluster import get_pod, wait_for_slices, wait_pod_scheduled
 from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.mountns import KUBELET_SYSCTLS
 from tests.peers.netns import NODE_ADDRESS
-from tests.peers.node import NOT_READY_TAINT, RealNode
+from tests.peers.node import RealNode
+from tests.peers.node_kubelet import NOT_READY_TAINT
+from tests.peers.peer_groups import kubernetes_version
 from tests.peers.pods import (
     PAUSE_IMAGE,
     WORKLOAD_CONTAINER,
@@ -207,7 +208,7 @@ def test_a_stopped_node_leaves_the_machine_as_it_was(
     sysctls = {name: Path("/proc/sys", name).read_text() for name in KUBELET_SYSCTLS}
     node = real_node_factory(runtime=runtime)
     _pod, container = _run_probe(control_plane, node, namespace)
-    daemons = [p.pid for p in (node.runtime.process, node.kubelet) if p is not None]
+    daemons = [p.pid for p in (node.runtime.process, node.kubelet.process) if p is not None]
     in_namespace = node.namespace.processes()  # holder, runtime, kubelet, shims or conmons
     assert set(daemons) <= set(in_namespace)
     assert len(in_namespace) > len(daemons) + 1, "no shim in the node's mount namespace"

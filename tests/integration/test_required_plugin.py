@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from nodedra.dra import driver_name
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
-from tests.integration.test_node_pinning import RESERVED, Pinned, start_nodedra
+from tests.integration.test_node_pinning import Pinned, pinned_node
 from tests.peers.cluster import get_pod, poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.pods import WORKLOAD_CONTAINER, pod_events, wait_reports
@@ -39,12 +38,15 @@ def required(
     real_node_factory: RealNodeFactory,
     nodedra_factory: NodedraFactory,
 ) -> Pinned:
-    node = real_node_factory(
-        runtime=request.param, cdi_dir=nodedra_factory.dirs.cdi, require_nodedra=True
+    return pinned_node(
+        workload_controllers,
+        namespace,
+        real_node_factory,
+        nodedra_factory,
+        runtime=request.param,
+        policy=POLICY,
+        require_nodedra=True,
     )
-    nodedra_factory.write_config({"policy": POLICY, "reservedCPUs": RESERVED})
-    nodedra = start_nodedra(nodedra_factory, node, workload_controllers, driver_name(POLICY))
-    return Pinned(workload_controllers, namespace, node, nodedra_factory, POLICY, nodedra)
 
 
 def container_state(pinned: Pinned, pod: str) -> dict[str, Any]:

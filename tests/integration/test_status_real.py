@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from nodedra.dra import driver_name
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
-from tests.integration.test_node_pinning import RESERVED, Pinned, start_nodedra
+from tests.integration.test_node_pinning import RESERVED, Pinned, pinned_node
 from tests.peers.controlplane import LOOPBACK, ControlPlane
 from tests.peers.pods import WORKLOAD_CONTAINER, container_id, proc_status, wait_pod_running
 from tests.peers.runtime import NODE_RUNTIMES
@@ -37,10 +36,14 @@ def pinned(
     real_node_factory: RealNodeFactory,
     nodedra_factory: NodedraFactory,
 ) -> Pinned:
-    node = real_node_factory(runtime=request.param, cdi_dir=nodedra_factory.dirs.cdi)
-    nodedra_factory.write_config({"policy": POLICY, "reservedCPUs": RESERVED})
-    nodedra = start_nodedra(nodedra_factory, node, workload_controllers, driver_name(POLICY))
-    return Pinned(workload_controllers, namespace, node, nodedra_factory, POLICY, nodedra)
+    return pinned_node(
+        workload_controllers,
+        namespace,
+        real_node_factory,
+        nodedra_factory,
+        runtime=request.param,
+        policy=POLICY,
+    )
 
 
 def nodedra_status(pinned: Pinned, *args: str) -> str:

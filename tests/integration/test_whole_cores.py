@@ -31,13 +31,13 @@ from tests.integration.test_node_allocatable import (
     wait_accounted,
     wait_unschedulable,
 )
-from tests.peers.build import NRI_VERSIONS
 from tests.peers.cluster import wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE
 from tests.peers.nri_protocol import ContainerSpec, PodSpec
 from tests.peers.nri_runtime import NRIFactory
+from tests.peers.peer_groups import NRI_VERSIONS
 from tests.peers.profile import ClusterProfile
 
 WHOLE_CORES: dict[str, Any] = {"policy": "static", "fullPhysicalCores": True}

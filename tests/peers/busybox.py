@@ -18,7 +18,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from tests.peers.build import Log, PeerBuildError, _locked, cache_root
+from tests.peers.cache import Log, PeerBuildError, cache_root, locked
 from tests.peers.oci import ImageConfig, Layer, write_layers_archive
 
 #: The samples' image (manifests/samples/*.yaml), as containerd names it.
@@ -42,7 +42,7 @@ def busybox_binary(log: Log = sys.stderr) -> Path:
             "the samples' busybox image is made from Debian's busybox-static package, which "
             "takes apt-get and dpkg-deb (a Debian machine)"
         )
-    with _locked(cache_root() / ".busybox.lock"):
+    with locked(cache_root() / ".busybox.lock"):
         if dest.is_file():
             return dest
         with tempfile.TemporaryDirectory(prefix="busybox-") as tmp:

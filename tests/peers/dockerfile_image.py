@@ -6,7 +6,7 @@ This module runs the Dockerfile itself, as an admin's ``docker build -t nodedra:
 would: ``buildah bud`` (Debian bookworm's buildah 1.28, which needs no daemon) of the
 repository root with its ``Dockerfile`` and ``.dockerignore`` unchanged, with chroot
 isolation, the vfs storage driver (no overlay or FUSE mounts) and a storage of its own in a
-working directory under ``tests.peers.build.cache_root()`` (never /var/lib/containers),
+working directory under ``tests.peers.cache.cache_root()`` (never /var/lib/containers),
 removed after the build. The result is an OCI archive (``buildah push ...
 oci-archive:<path>:docker.io/library/nodedra:<version>``) that ``ctr images import`` takes and
 names as manifests/daemonset.yaml names the image. tests/integration/test_dockerfile.py
@@ -20,9 +20,10 @@ here and stored under the Dockerfile's own names; the build never pulls (``--pul
 
 ``debian:bookworm-slim``
     ``debootstrap --variant=minbase`` of bookworm (the official image is minbase too, made with
-    debuerreotype), stripped as tests.peers.image's base layer is (``strip_rootfs``), with the
-    official image's dpkg and apt configuration (`DEBIAN_FILES`: what apt installs later leaves
-    documentation, manuals and translations out too, and no package cache behind), PATH and CMD.
+    debuerreotype), stripped as tests.peers.image_base strips a base (``strip_rootfs``), with
+    the official image's dpkg and apt configuration (`DEBIAN_FILES`: what apt installs later
+    leaves documentation, manuals and translations out too, and no package cache behind), PATH
+    and CMD.
     One layer, with a history entry (buildah refuses to build on an image whose history lists
     fewer layers than it has). Its apt sources are what debootstrap writes: bookworm from the
     Debian mirror this machine's apt uses (``debian_mirror``), the archive tests.peers.image's
@@ -46,11 +47,11 @@ here and stored under the Dockerfile's own names; the build never pulls (``--pul
 
 Caching
 -------
-Three entries in the cache, each built under one lock (``_locked``), so parallel runs build
+Three entries in the cache, each built under one lock (``locked``), so parallel runs build
 once; each build step prints how long it took:
 
 * ``dockerfile-debian-<key>/``: the debian:bookworm-slim archive; the key covers how it is
-  made (tests.peers.image's ``base_key`` of minbase, `DEBIAN_FILES`).
+  made (tests.peers.image_base's ``base_key`` of minbase, `DEBIAN_FILES`).
 * ``dockerfile-python-<key>/``: the python:3.11-slim-bookworm archive; its key is the debian
   one's, `PYTHON_CONTAINERFILE` and the added certificate authorities.
 * ``dockerfile-image-<key>/``: nodedra's image; the key covers the python one's, the
@@ -81,35 +82,33 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nodedra import __version__
-from tests.peers.build import Log, PeerBuildError, _locked, cache_root, install_debian_packages
-from tests.peers.image import (
-    DEFAULT_NAME,
-    DOCKERFILE,
+from tests.peers.cache import Log, PeerBuildError, cache_root, locked, prune_cache_entries
+from tests.peers.debian import (
+    debian_mirror,
+    ensure_debootstrap,
+    install_debian_packages,
+    run_debootstrap,
+)
+from tests.peers.image import DEFAULT_NAME, DOCKERFILE, SOURCES
+from tests.peers.image_base import base_key, strip_rootfs
+from tests.peers.image_build import (
     IMAGE_DIR,
     OWN_MOUNT_NAMESPACE,
     REPO_ROOT,
-    SOURCES,
     ImageBuildError,
     NodedraImage,
-    _ensure_debootstrap,
-    _mounts_below,
-    _remove_stale_builds,
-    _require_root,
-    _run,
-    base_key,
-    debian_mirror,
-    pack_layer,
-    prune_cache_entries,
-    run_debootstrap,
-    strip_rootfs,
+    build_workdir,
+    require_root,
+    run_image_command,
+    run_step,
 )
+from tests.peers.layers import pack_layer
 from tests.peers.oci import ImageConfig, Layer, write_layers_archive
 
 #: The Dockerfile's FROM images, as buildah normalizes their short names.
@@ -241,8 +240,8 @@ def _digest(*parts: str | bytes) -> hashlib._Hash:
 
 
 def debian_key() -> str:
-    """The key of the debian:bookworm-slim stand-in: minbase as tests.peers.image's base layer
-    makes it (its key with no package), and the files added to it."""
+    """The key of the debian:bookworm-slim stand-in: minbase as tests.peers.image_base makes
+    a base layer (its key with no package), and the files added to it."""
     files = [
         part
         for path, (mode, text) in sorted(DEBIAN_FILES.items())
@@ -399,7 +398,7 @@ class Buildah:
 
     def run(self, *args: str, what: str, timeout: float = _COPY_TIMEOUT) -> None:
         """A long buildah command, its output in the transcript (a heartbeat on the log)."""
-        _run(
+        run_step(
             [*OWN_MOUNT_NAMESPACE, *self.argv(*args)],
             self.transcript,
             self.log,
@@ -466,23 +465,6 @@ class Buildah:
         os.replace(partial, archive)
 
 
-@contextlib.contextmanager
-def _workdir(log: Log) -> Iterator[Path]:
-    """A working directory for buildah's storage beside the cache (not /tmp: a few GB),
-    removed afterwards unless something is still mounted below it."""
-    cache_root().mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(log, _BUILD_PREFIX)
-    path = Path(tempfile.mkdtemp(prefix=f"{_BUILD_PREFIX}{os.getpid()}-", dir=cache_root()))
-    try:
-        yield path
-    finally:
-        mounted = _mounts_below(path)
-        if mounted:
-            print(f"[dockerfile] leaving {path}: mounts below it: {mounted}", file=log)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-
-
 # -- the base images ---------------------------------------------------------------------------
 
 
@@ -504,7 +486,7 @@ def ensure_debian_archive(timer: _Timer, log: Log) -> Path:
     if found is not None:
         print(f"[dockerfile] using the cached {DEBIAN_NAME} {found}", file=log, flush=True)
         return found
-    _ensure_debootstrap(log)
+    ensure_debootstrap(log)
     rootfs = entry / "rootfs"
     entry.mkdir(parents=True)
     mirror = debian_mirror()
@@ -604,9 +586,9 @@ class DockerfileImage:
 def build_dockerfile_image(log: Log = sys.stderr, rebuild: bool = False) -> DockerfileImage:
     """nodedra's image from the repository's Dockerfile (see the module): cached, or built now
     with buildah (minutes) under a lock; ``rebuild`` drops the cached image (not the bases)."""
-    _require_root()
+    require_root()
     timer = _Timer(log)
-    with _locked(cache_root() / ".dockerfile-image.lock", log, "the Dockerfile's image"):
+    with locked(cache_root() / ".dockerfile-image.lock", log, "the Dockerfile's image"):
         resolved = resolved_requirements(log)
         entry = cache_root() / f"dockerfile-image-{image_key(resolved)}"
         if rebuild and entry.exists():
@@ -637,7 +619,7 @@ def _build(entry: Path, resolved: Sequence[str], timer: _Timer, log: Log) -> Pat
     started = time.monotonic()
     _ensure_buildah(timer, log)
     debian = ensure_debian_archive(timer, log)
-    with _workdir(log) as workdir:
+    with build_workdir(_BUILD_PREFIX, log) as workdir:
         buildah = Buildah(workdir, log)
         print(f"[dockerfile] buildah's storage and log: {workdir}", file=log, flush=True)
         try:
@@ -694,24 +676,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rebuild", action="store_true", help="build the image anew (the base images stay)"
     )
     args = parser.parse_args(argv)
-    started = time.monotonic()
-    try:
+
+    def build() -> tuple[NodedraImage, str, list[str]]:
         built = build_dockerfile_image(rebuild=args.rebuild)
-    except ImageBuildError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    image = built.image
-    print(image.archive)
-    for step in built.steps:
-        print(f"  {step.seconds:7.1f}s  {step.what}", file=sys.stderr)
-    print(
-        f"{image.name}: {image.size_bytes} bytes ({image.unpacked_bytes} unpacked), manifest "
-        f"{image.digest}, {'from the cache' if built.cached else 'built'} in "
-        f"{time.monotonic() - started:.1f}s. Import it on a node with: "
-        f"ctr --namespace k8s.io images import {image.archive}",
-        file=sys.stderr,
-    )
-    return 0
+        steps = [f"  {step.seconds:7.1f}s  {step.what}" for step in built.steps]
+        return built.image, "from the cache" if built.cached else "built", steps
+
+    return run_image_command(build)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ writes ``tests/peers/go.k8s-v1.34.4.mod`` (and, through ``go mod tidy``, its ``.
 requirements of ``go.mod`` with k8s.io/kubernetes at that release, its staging modules
 replaced by their published ``v0.<minor>.<patch>``, and every other direct requirement at
 the version that release pins, so that the peers are built from what the release was built
-from. ``go build -modfile`` then builds the same sources against it (see build.py).
+from. ``go build -modfile`` then builds the same sources against it (see peer_groups.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.peers.build import PEERS_DIR, kubernetes_modfile
+from tests.peers.peer_groups import PEERS_DIR, kubernetes_modfile
 
 _LINE = re.compile(r"^\s*(\S+)\s+(v\S+)", re.MULTILINE)
 

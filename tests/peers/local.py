@@ -44,7 +44,8 @@ import yaml
 
 from nodedra.resmgr import Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
-from tests.peers.build import PeerBinaries, PeerBuildError, cache_root, ensure_binaries
+from tests.peers.build import PeerBinaries, ensure_binaries
+from tests.peers.cache import PeerBuildError, cache_root
 from tests.peers.cluster import (
     ensure_test_namespace,
     get_claim,

@@ -1,9 +1,9 @@
 """A real Kubernetes node on this machine: the kubelet, a container runtime and runc.
 
 `RealNode` registers a Node with the test control plane and runs its pods for real: the
-kubelet (built from the same k8s.io/kubernetes module as the control plane), a runtime
-(containerd or CRI-O, built from the Go module proxy, one of `NODE_RUNTIMES`:
-tests.peers.runtime) and runc. What keeps it from changing the machine:
+kubelet (built from the same k8s.io/kubernetes module as the control plane:
+tests.peers.node_kubelet), a runtime (containerd or CRI-O, built from the Go module proxy, one
+of `NODE_RUNTIMES`: tests.peers.runtime) and runc. What keeps it from changing the machine:
 
 * **Files and kernel settings**: every path of the node lives under one working directory,
   and the runtime and the kubelet run in a mount namespace of their own
@@ -31,14 +31,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
-import ssl
 import tarfile
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -47,11 +41,11 @@ from typing import Any
 from nodedra.nri.plugin import PLUGIN_NAME
 from tests.peers.build import PeerBinaries
 from tests.peers.cgroups import node_cgroup_root, remove_stale_cgroup_roots
-from tests.peers.cluster import poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.mountns import PRIVATE_DIRS, MountNamespace
 from tests.peers.netns import NODE_ADDRESS
-from tests.peers.oci import write_image_archive
+from tests.peers.node_kubelet import KubeletError, NodeKubelet
+from tests.peers.oci import archive_image, write_image_archive
 from tests.peers.podnet import KubeProxy, install_cni
 from tests.peers.pods import (
     WORKLOAD_CONTAINER,
@@ -59,7 +53,7 @@ from tests.peers.pods import (
     node_image_specs,
     pod_log,
 )
-from tests.peers.process import PeerProcess, PeerProcessError, tail
+from tests.peers.process import tail
 from tests.peers.runtime import NODE_RUNTIMES, NodeRuntime, NodeRuntimeError, RuntimeSetting
 from tests.peers.runtime_containerd import Containerd
 from tests.peers.runtime_crio import CRIO
@@ -72,10 +66,6 @@ CNI_CONFLIST: Mapping[str, Any] = {
     "plugins": [{"type": "loopback"}],
 }
 
-#: The taint a new Node gets at registration (admission plugin TaintNodesByCondition). The
-#: node-lifecycle controller lifts it once the node is Ready; the test control plane runs
-#: without that controller (see CONTROLLERS), so `RealNode.wait_ready` lifts it as it would.
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TOLERATE_MISSING_PLUGINS_ANNOTATION = "tolerate-missing-nri-plugins.noderesource.dev"
 """The annotation key a node started with ``require_nodedra`` lets a pod (or, with
 ``/container.<name>``, one container) be created without nodedra: NRI's default validator
@@ -83,48 +73,8 @@ takes whatever key the runtime's configuration names; this one is NRI's document
 nodedra's own DaemonSet carries it (manifests/daemonset.yaml)."""
 
 
-def kubelet_configuration(
-    *,
-    runtime_endpoint: str,
-    cgroup_driver: str,
-    tls_cert: str,
-    tls_key: str,
-    client_ca: str,
-    feature_gates: Mapping[str, bool],
-) -> dict[str, Any]:
-    """What the kubelet of every node of the tests has (this machine's real node, the VM
-    node): the runtime and cgroup driver given, no read-only port, a serving certificate of
-    the test CA, clients authenticated by that CA or the API server's webhook and authorized by
-    the webhook, no CPU manager (nodedra sets cpusets through NRI; the CPU manager would fight
-    it) and the control plane's feature gates."""
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "containerRuntimeEndpoint": runtime_endpoint,
-        "cgroupDriver": cgroup_driver,
-        "readOnlyPort": 0,
-        "tlsCertFile": tls_cert,
-        "tlsPrivateKeyFile": tls_key,
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": True},
-            "x509": {"clientCAFile": client_ca},
-        },
-        "authorization": {"mode": "Webhook"},
-        "cpuManagerPolicy": "none",
-        "featureGates": dict(feature_gates),
-    }
-
-
 class NodeError(RuntimeError):
     """The node failed to start, or left something behind; the message says what."""
-
-
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RealNode:
@@ -182,8 +132,6 @@ class RealNode:
         self.nri_registration_timeout = nri_registration_timeout
         self.nri_request_timeout = nri_request_timeout
         self.feature_gates = dict(cp.feature_gates if feature_gates is None else feature_gates)
-        self.kubelet_config_overrides = dict(kubelet_config or {})
-        self.kubelet_verbosity = kubelet_verbosity
         self.pod_network = pod_network
         self.host_layout = host_layout
         self.require_nodedra = require_nodedra
@@ -206,12 +154,8 @@ class RealNode:
         it; the kubelet itself knows it as `kubelet_root_dir`."""
         self.cert_dir = self.root_dir / "pki"
         self.pod_logs_dir = self.workdir / "log" / "pods"
-        self.kubelet_config_path = self.workdir / "kubelet-config.json"
-        self.kubeconfig = self.workdir / "kubelet.kubeconfig"
         self.nodedra_state_dir = self.workdir / "nodedra-state"
         """With ``host_layout``: the node's /var/lib/nodedra (the DaemonSet's state volume)."""
-        self.port = 0
-        self.healthz_port = 0
 
         setting = RuntimeSetting(
             binaries=binaries,
@@ -231,7 +175,21 @@ class RealNode:
         )
         kind, version = runtime.rsplit("-", 1)
         self.runtime: NodeRuntime = (CRIO if kind == "cri-o" else Containerd)(setting, version)
-        self.kubelet: PeerProcess | None = None
+        self.kubelet = NodeKubelet(
+            binaries,
+            cp,
+            node_name,
+            node_ip,
+            self.workdir,
+            root_dir=self.kubelet_root_dir,
+            cert_dir=self.cert_dir,
+            pod_logs_dir=self.pod_logs_dir,
+            namespace=self.namespace,
+            env=self._daemon_env,
+            feature_gates=self.feature_gates,
+            config_overrides=kubelet_config or {},
+            verbosity=kubelet_verbosity,
+        )
         self.kube_proxy: KubeProxy | None = None
         self.images: dict[str, str] = {}
         """Images imported into the node: name -> manifest digest."""
@@ -277,7 +235,7 @@ class RealNode:
     def log_paths(self) -> dict[str, Path]:
         return {
             self.runtime.kind: self.runtime.log_path,
-            "kubelet": self.workdir / "kubelet.log",
+            "kubelet": self.kubelet.log_path,
             "mount-namespace": self.namespace.log_path,
             "kube-proxy": self.workdir / "kube-proxy.log",
         }
@@ -363,7 +321,7 @@ class RealNode:
             loopback.symlink_to(self.binaries["loopback"])
             (self.cni_dir / "net.d" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFLIST))
         self.runtime.prepare()
-        self._write_kubelet_files()
+        self.kubelet.write_files(self.runtime.socket, self.cgroups.path)
         for stale in remove_stale_cgroup_roots():
             print(f"[node] removed the empty cgroup root of a test run that is gone: {stale}")
         self.cgroups.create()
@@ -385,8 +343,7 @@ class RealNode:
         if self.kube_proxy is not None:
             self.kube_proxy.stop()
             self.kube_proxy = None
-        if self.kubelet is not None:
-            self.stop_kubelet()
+        self.stop_kubelet()
         stubborn = self.cgroups.kill_all()
         if stubborn:
             problems.append(f"processes in the node's cgroups would not die: {sorted(stubborn)}")
@@ -464,25 +421,10 @@ class RealNode:
     def import_image(self, archive: Path, timeout: float = 600.0) -> str:
         """Import an OCI image archive (tests.peers.oci's, such as nodedra's image of
         tests.peers.image, or buildah's of tests.peers.dockerfile_image) into the node's
-        runtime, as if the node had pulled it; returns the image's name, which the archive's
-        index gives: its ``io.containerd.image.name`` annotation, else (buildah writes only
-        that) an ``org.opencontainers.image.ref.name`` that is a whole reference, which
-        ``ctr images import`` then names the image by as it stands."""
+        runtime, as if the node had pulled it; returns the image's name, as ``ctr images
+        import`` names it (`tests.peers.oci.archive_image`)."""
         try:
-            with tarfile.open(archive) as tar:
-                index_file = tar.extractfile("index.json")
-                if index_file is None:
-                    raise KeyError("index.json")
-                index = json.load(index_file)
-            manifest = index["manifests"][0]
-            annotations = manifest["annotations"]
-            name = str(
-                annotations.get("io.containerd.image.name")
-                or annotations["org.opencontainers.image.ref.name"]
-            )
-            if not re.search(r"[/:@]", name):
-                # ctr would name the image import-<date>:<tag>, not a name a pod can use.
-                raise KeyError(f"a reference name that is only a tag ({name})")
+            name, digest = archive_image(archive)
         except (OSError, tarfile.TarError, KeyError, IndexError, ValueError) as err:
             raise NodeError(
                 f"{archive} is not an OCI image archive with a named image: {err}"
@@ -493,7 +435,7 @@ class RealNode:
             raise NodeError(
                 f"{self.runtime.kind} does not list {name} after importing {archive}: {listed}"
             )
-        self.images[name] = str(manifest["digest"])
+        self.images[name] = digest
         return name
 
     def container_pid(self, container_id: str) -> int:
@@ -511,95 +453,16 @@ class RealNode:
 
     # -- the kubelet ------------------------------------------------------------------------------
 
-    def _write_kubelet_files(self) -> None:
-        node_kubeconfig = self.cp.node_kubeconfig(self.node_name)
-        shutil.copyfile(node_kubeconfig, self.kubeconfig)
-        self.kubeconfig.chmod(0o600)
-        serving = self.cp.ca.issue(
-            f"kubelet-serving-{self.node_name}",
-            f"system:node:{self.node_name}",
-            organizations=("system:nodes",),
-            dns_names=(self.node_name,),
-            ip_addresses=(self.node_ip,),
-            server=True,
-        )
-        self.port = _free_port(self.node_ip)
-        self.healthz_port = _free_port("127.0.0.1")
-        config = kubelet_configuration(
-            runtime_endpoint=f"unix://{self.runtime.socket}",
-            cgroup_driver="cgroupfs",
-            tls_cert=str(serving.cert),
-            tls_key=str(serving.key),
-            client_ca=str(self.cp.ca.pair.cert),
-            feature_gates=self.feature_gates,
-        )
-        config.update(
-            {
-                "cgroupRoot": self.cgroups.path,
-                # cgroup v1 is deprecated: since 1.35 the kubelet refuses it unless told not to.
-                "failCgroupV1": False,
-                "failSwapOn": False,
-                "address": self.node_ip,
-                "port": self.port,
-                "healthzBindAddress": "127.0.0.1",
-                "healthzPort": self.healthz_port,
-                # A test machine's disk and memory are whatever they are: never evict, never
-                # collect images (kind's node configuration does the same).
-                "evictionHard": {
-                    "memory.available": "0%",
-                    "nodefs.available": "0%",
-                    "nodefs.inodesFree": "0%",
-                    "imagefs.available": "0%",
-                    "imagefs.inodesFree": "0%",
-                },
-                "imageGCHighThresholdPercent": 100,
-                "imageGCLowThresholdPercent": 99,
-                "podLogsDir": str(self.pod_logs_dir),
-                "seccompDefault": False,
-            }
-        )
-        config.update(self.kubelet_config_overrides)
-        self.kubelet_config_path.write_text(json.dumps(config, indent=2))
-
-    def _kubelet_healthy(self) -> bool:
-        url = f"http://127.0.0.1:{self.healthz_port}/healthz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return bool(resp.read().strip() == b"ok")
-        except urllib.error.URLError:
-            return False
-
     def start_kubelet(self, timeout: float = 120.0) -> None:
         """Start the kubelet in the node's mount namespace and wait for its /healthz."""
-        if self.kubelet is not None:
-            raise NodeError("the kubelet is running")
-        argv = [
-            str(self.binaries.kubelet),
-            f"--config={self.kubelet_config_path}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--root-dir={self.kubelet_root_dir}",
-            f"--cert-dir={self.cert_dir}",
-            f"--hostname-override={self.node_name}",
-            f"--node-ip={self.node_ip}",
-            f"--v={self.kubelet_verbosity}",
-        ]
-        self.kubelet = PeerProcess(
-            "kubelet",
-            self.namespace.enter(argv),
-            self.log_paths()["kubelet"],
-            env=self._daemon_env(),
-        )
         try:
-            self.kubelet.wait_until(self._kubelet_healthy, timeout, "/healthz ok")
-        except PeerProcessError as err:
-            self.stop_kubelet()
+            self.kubelet.start(timeout)
+        except KubeletError as err:
             raise NodeError(str(err)) from None
 
     def stop_kubelet(self) -> None:
         """Stop the kubelet alone; pods go on running."""
-        if self.kubelet is not None:
-            self.kubelet.stop()
-            self.kubelet = None
+        self.kubelet.stop()
 
     def restart_kubelet(self, timeout: float = 120.0) -> None:
         """Stop the kubelet and start it again; return once it serves again and knows every
@@ -610,79 +473,22 @@ class RealNode:
         self.wait_pods_synced(timeout)
 
     def kubelet_pods(self) -> list[dict[str, Any]]:
-        """The pods the kubelet knows, from its own API (``/pods``), as the API server's
-        client identity asks it."""
-        context = ssl.create_default_context(cafile=str(self.cp.ca.pair.cert))
-        context.load_cert_chain(str(self.cp.kubelet_client.cert), str(self.cp.kubelet_client.key))
-        url = f"https://{self.node_ip}:{self.port}/pods"
-        with urllib.request.urlopen(url, context=context, timeout=10) as resp:
-            items: list[dict[str, Any]] = json.load(resp).get("items") or []
-        return items
+        """The pods the kubelet knows (`NodeKubelet.pods`)."""
+        return self.kubelet.pods()
 
     def wait_pods_synced(self, timeout: float = 120.0) -> None:
         """Wait until the kubelet knows every pod the API server has bound to the node and
         not finished."""
-        want: set[str] = set()
-        have: set[str] = set()
-
-        def synced() -> bool | None:
-            nonlocal want, have
-            query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node_name}"})
-            pods = self.cp.request("GET", f"/api/v1/pods?{query}")["items"]
-            want = {
-                p["metadata"]["uid"]
-                for p in pods
-                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                and not p["metadata"].get("deletionTimestamp")
-            }
-            try:
-                have = {p["metadata"]["uid"] for p in self.kubelet_pods()}
-            except (OSError, ValueError):
-                return None
-            return True if want <= have else None
-
-        poll(synced, timeout, lambda: f"the kubelet to know pods {want}; it knows {have}", 0.2)
+        self.kubelet.wait_pods_synced(timeout)
 
     def node(self) -> dict[str, Any]:
         """The Node object."""
-        node: dict[str, Any] = self.cp.request("GET", f"/api/v1/nodes/{self.node_name}")
-        return node
+        return self.kubelet.node()
 
     def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
         """Wait until the kubelet reports the Node Ready, then lift the not-ready taint as the
         node-lifecycle controller would; returns the Node."""
-        seen: dict[str, Any] = {}
-
-        def ready() -> dict[str, Any] | None:
-            nonlocal seen
-            if self.kubelet is not None and not self.kubelet.alive():
-                raise NodeError(
-                    f"the kubelet exited with code {self.kubelet.popen.returncode}; log "
-                    f"{self.kubelet.log_path}:\n{self.kubelet.tail()}"
-                )
-            try:
-                seen = self.node()
-            except RuntimeError:
-                return None
-            conditions = (seen.get("status") or {}).get("conditions") or []
-            return (
-                seen
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-                else None
-            )
-
-        def describe() -> str:
-            conditions = (seen.get("status") or {}).get("conditions")
-            return f"Node {self.node_name} Ready; conditions: {conditions}"
-
-        node = poll(ready, timeout, describe, 0.2)
-        taints = (node.get("spec") or {}).get("taints") or []
-        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
-        if len(kept) != len(taints):
-            node = self.cp.request(
-                "PATCH",
-                f"/api/v1/nodes/{self.node_name}",
-                {"spec": {"taints": kept or None}},
-                content_type="application/merge-patch+json",
-            )
-        return node
+        try:
+            return self.kubelet.wait_ready(timeout)
+        except KubeletError as err:
+            raise NodeError(str(err)) from None

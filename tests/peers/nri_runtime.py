@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.peers.build import NRI_VERSIONS, PeerBinaries
+from tests.peers.build import PeerBinaries
 from tests.peers.nri_protocol import (
     BulkSpec,
     Container,
@@ -52,6 +52,7 @@ from tests.peers.nri_protocol import (
     _refusals,
 )
 from tests.peers.nri_stub_plugin import GoStubPlugin
+from tests.peers.peer_groups import NRI_VERSIONS
 from tests.peers.process import PeerProcess
 
 __all__ = ["NRIFactory", "NRIRuntime"]

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import platform
+import re
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,3 +249,27 @@ def _write_archive(
     finally:
         partial.unlink(missing_ok=True)
     return manifest_digest
+
+
+def archive_image(archive: Path) -> tuple[str, str]:
+    """The name ``ctr images import`` gives the image of an OCI archive, and the digest of its
+    manifest. The name is what the archive's index gives: its ``io.containerd.image.name``
+    annotation, else (buildah writes only that) an ``org.opencontainers.image.ref.name`` that
+    is a whole reference, which ``ctr images import`` then names the image by as it stands.
+    Raises OSError, tarfile.TarError, KeyError, IndexError or ValueError when ``archive`` is
+    not an OCI image archive with a named image."""
+    with tarfile.open(archive) as tar:
+        index_file = tar.extractfile("index.json")
+        if index_file is None:
+            raise KeyError("index.json")
+        index = json.load(index_file)
+    manifest = index["manifests"][0]
+    annotations = manifest["annotations"]
+    name = str(
+        annotations.get("io.containerd.image.name")
+        or annotations["org.opencontainers.image.ref.name"]
+    )
+    if not re.search(r"[/:@]", name):
+        # ctr would name the image import-<date>:<tag>, not a name a pod can use.
+        raise KeyError(f"a reference name that is only a tag ({name})")
+    return name, str(manifest["digest"])

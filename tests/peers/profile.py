@@ -24,7 +24,7 @@ from nodedra.dra.probes import (
     NODE_ALLOCATABLE_RESOURCES,
     PUBLISHED_FIELD_GATES,
 )
-from tests.peers.build import KUBERNETES_VERSIONS
+from tests.peers.peer_groups import KUBERNETES_VERSIONS
 
 KUBERNETES_ENV = "NODEDRA_KUBERNETES"
 GATES_ENV = "NODEDRA_DRA_GATES"
@@ -62,7 +62,7 @@ def chosen_version() -> str:
             return version
     raise ProfileError(
         f"{KUBERNETES_ENV}={wanted}: the peers are built at {', '.join(KUBERNETES_VERSIONS)} "
-        "(tests/peers/build.py KUBERNETES_VERSIONS)"
+        "(tests/peers/peer_groups.py KUBERNETES_VERSIONS)"
     )
 
 

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.peers.build import CONTAINERD_VERSIONS, CRIO_VERSION, PeerBinaries
+from tests.peers.build import PeerBinaries
 from tests.peers.mountns import MountNamespace
+from tests.peers.peer_groups import CONTAINERD_VERSIONS, CRIO_VERSION
 from tests.peers.process import PeerProcess, PeerProcessError
 
 #: Every runtime a real node can run, by name: the first is the default.

@@ -35,7 +35,7 @@ from tests.peers.cluster import get_pod, poll
 from tests.peers.controlplane import ControlPlane, write_kubeconfig
 from tests.peers.deployment import NAMESPACE, Kubectl, nodedra_pods
 from tests.peers.netns import add_loopback_address
-from tests.peers.node import NOT_READY_TAINT, kubelet_configuration
+from tests.peers.node_kubelet import NOT_READY_TAINT, kubelet_configuration
 from tests.peers.podnet import kube_proxy_config
 from tests.peers.pods import container_id
 from tests.peers.prometheus import sample

@@ -7,7 +7,7 @@ machine, without loop mounts:
 
 1. ``debootstrap --variant=minbase`` of bookworm with systemd as init (:data:`PACKAGES`),
    in a mount namespace of its own (as tests.peers.image builds its base layer), stripped
-   as that base layer is (tests.peers.image.strip_rootfs);
+   as that base layer is (tests.peers.image_base.strip_rootfs);
 2. Debian's generic kernel (``linux-image-6.1.0-<abi>-amd64``, the newest apt-cache offers:
    the ``-cloud`` flavour lacks 9p), downloaded, not installed: ``dpkg-deb -x``; its modules
    go into the root filesystem (less the drivers no virtual machine has, :data:`MODULE_PRUNE`)
@@ -22,7 +22,7 @@ The guest's only channel to the tests is a virtio-serial port on which a small s
 (:data:`AGENT_SCRIPT`, a systemd unit) runs the commands the host sends (tests.peers.vm).
 
 A build takes a few minutes and depends only on the recipe, so it is cached under
-``tests.peers.build.cache_root()/vm-image-<hash>/``, the hash covering everything here that
+``tests.peers.cache.cache_root()/vm-image-<hash>/``, the hash covering everything here that
 shapes the image (:func:`recipe_key`), built under a lock (once for parallel runs) in a
 working directory renamed into place when complete. Building needs root and the Debian mirror;
 it installs QEMU, debootstrap and e2fsprogs from Debian's packages when missing. Every failure
@@ -49,31 +49,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.peers.build import (
-    CNI_PLUGINS,
-    CONTAINERD_VERSIONS,
-    Log,
-    PeerBinaries,
-    PeerBuildError,
-    _locked,
-    cache_root,
-    containerd_peer,
-    ensure_binaries,
-    install_debian_packages,
-)
+from tests.peers.build import PeerBinaries, ensure_binaries
 from tests.peers.busybox import busybox_binary
-from tests.peers.image import (
+from tests.peers.cache import Log, PeerBuildError, cache_root, locked, prune_cache_entries
+from tests.peers.debian import (
     SUITE,
     VARIANT,
-    ImageBuildError,
-    _ensure_debootstrap,
-    _run,
     debian_mirror,
-    prune_cache_entries,
+    ensure_debootstrap,
+    install_debian_packages,
     run_debootstrap,
-    strip_rootfs,
 )
+from tests.peers.image_base import strip_rootfs
+from tests.peers.image_build import ImageBuildError, run_step
 from tests.peers.oci import write_image_archive
+from tests.peers.peer_groups import CNI_PLUGINS, CONTAINERD_VERSIONS, containerd_peer
 from tests.peers.podnet import conflist
 from tests.peers.pods import PAUSE_IMAGE, node_image_specs
 from tests.peers.process import PeerProcess, PeerProcessError
@@ -505,7 +495,7 @@ def ensure_vm_image(log: Log = sys.stderr, images: Sequence[Path] = ()) -> VMIma
     kernel = pick_kernel()
     binaries = guest_peers(log)
     entry = cache_root() / f"vm-image-{recipe_key(kernel, binaries, images)}"
-    with _locked(cache_root() / ".vm-image.lock"):
+    with locked(cache_root() / ".vm-image.lock"):
         if (entry / "image.json").is_file():
             print(f"[vm] using the cached image {entry}", file=log, flush=True)
             return VMImage.load(entry)
@@ -553,7 +543,7 @@ def _remove_stale_builds(log: Log) -> None:
 def _build(
     work: Path, kernel_package: str, binaries: PeerBinaries, images: Sequence[Path], log: Log
 ) -> None:
-    _ensure_debootstrap(log)
+    ensure_debootstrap(log)
     transcript = work / "build.log"
     debs = work / "debs"
     debs.mkdir()
@@ -561,7 +551,7 @@ def _build(
     _apt_download(kernel_package, debs)
     deb = next(debs.glob(f"{kernel_package}_*.deb"))
     kernel_tree = work / "kernel"
-    _run(
+    run_step(
         ["dpkg-deb", "-x", str(deb), str(kernel_tree)],
         transcript,
         log,
@@ -592,7 +582,7 @@ def _build(
     disk = work / "disk.raw"
     with open(disk, "wb") as sparse:
         sparse.truncate(DISK_BYTES)
-    _run(
+    run_step(
         ["mkfs.ext4", "-q", "-F", "-L", "nodedra-vm", "-d", str(rootfs), str(disk)],
         transcript,
         log,
@@ -636,7 +626,7 @@ def _install_modules(modules: Path, rootfs: Path, transcript: Path, log: Log) ->
     shutil.copytree(modules, dest, symlinks=True)
     for relative in MODULE_PRUNE:
         shutil.rmtree(dest / "kernel" / relative, ignore_errors=True)
-    _run(
+    run_step(
         ["chroot", str(rootfs), "depmod", modules.name],
         transcript,
         log,
@@ -721,7 +711,7 @@ disabled_plugins = ['io.containerd.grpc.v1.cri', 'io.containerd.cri.v1.runtime',
         except PeerProcessError as err:
             raise VMImageError(f"containerd for the image import did not start: {err}") from err
         for archive in [*node_archives, *images]:
-            _run(
+            run_step(
                 [str(ctr), "--address", str(socket_path), "-n", "k8s.io", "images",
                  "import", "--snapshotter", "overlayfs", str(archive)],
                 transcript, log, what=f"importing {archive.name} into the guest's containerd",

@@ -30,7 +30,7 @@ from nodedra.observability import (
     StatusCounts,
 )
 from nodedra.settings import FLAGS
-from tests.peers.build import ENV_OVERRIDES
+from tests.peers.peer_groups import ENV_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))

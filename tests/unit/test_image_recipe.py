@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from nodedra import __version__
-from tests.peers import dockerfile_image, image
+from tests.peers import debian, dockerfile_image, image, image_base, image_build, layers
 from tests.peers.oci import (
     MEDIA_CONFIG,
     MEDIA_LAYER,
@@ -178,10 +178,10 @@ def _config_problems(stages: list[Stage]) -> list[str]:
 def _base_problems(stage: Stage) -> list[str]:
     """The base stage: debian:<SUITE>-slim with image/packages.txt installed, and nothing more."""
     problems = []
-    if stage.base != f"debian:{image.SUITE}-slim":
+    if stage.base != f"debian:{debian.SUITE}-slim":
         problems.append(
             f"the image's system is {stage.base}, but tests.peers.image builds Debian "
-            f"{image.SUITE} (debian:{image.SUITE}-slim)"
+            f"{debian.SUITE} (debian:{debian.SUITE}-slim)"
         )
     runs = stage.runs()
     if len(runs) != 1:
@@ -378,15 +378,15 @@ def test_the_dockerfile_reads_packages_txt_as_the_build_does() -> None:
     """The base stage's own shell command (sed, then word splitting), run on
     image/packages.txt, gives the list that debootstrap gets."""
     assert PACKAGES_ASSIGNMENT in DOCKERFILE_TEXT
-    command = PACKAGES_ASSIGNMENT.replace("/image/", f"{image.IMAGE_DIR}/")
+    command = PACKAGES_ASSIGNMENT.replace("/image/", f"{image_build.IMAGE_DIR}/")
     done = subprocess.run(
         ["sh", "-c", f'{command} && printf "%s\\n" $packages'],
         capture_output=True,
         text=True,
         check=True,
     )
-    assert done.stdout.split() == image.read_packages()
-    assert "python3.11" in image.read_packages()
+    assert done.stdout.split() == image_base.read_packages()
+    assert "python3.11" in image_base.read_packages()
 
 
 def test_install_sh_is_posix_sh() -> None:
@@ -402,32 +402,32 @@ def test_install_sh_is_posix_sh() -> None:
 def test_read_packages(tmp_path: Path) -> None:
     listing = tmp_path / "packages.txt"
     listing.write_text("# comment\npython3.11  # the interpreter\n\nlibfoo1 libc++1\n")
-    assert image.read_packages(listing) == ["python3.11", "libfoo1", "libc++1"]
+    assert image_base.read_packages(listing) == ["python3.11", "libfoo1", "libc++1"]
     listing.write_text("python3.11\nNot_A_Package\n")
-    with pytest.raises(image.ImageBuildError, match="Not_A_Package"):
-        image.read_packages(listing)
+    with pytest.raises(image_build.ImageBuildError, match="Not_A_Package"):
+        image_base.read_packages(listing)
     listing.write_text("# nothing\n")
-    with pytest.raises(image.ImageBuildError, match="names no package"):
-        image.read_packages(listing)
+    with pytest.raises(image_build.ImageBuildError, match="names no package"):
+        image_base.read_packages(listing)
 
 
 def test_base_key_changes_with_the_packages_only() -> None:
-    assert image.base_key(["python3.11"]) == image.base_key(["python3.11"])
-    assert image.base_key(["python3.11"]) != image.base_key(["python3.11", "tzdata"])
+    assert image_base.base_key(["python3.11"]) == image_base.base_key(["python3.11"])
+    assert image_base.base_key(["python3.11"]) != image_base.base_key(["python3.11", "tzdata"])
 
 
 def test_default_name_is_the_daemonsets_image() -> None:
-    daemonset = (image.REPO_ROOT / "manifests" / "daemonset.yaml").read_text()
+    daemonset = (image_build.REPO_ROOT / "manifests" / "daemonset.yaml").read_text()
     version = __version__
     assert f"image: nodedra:{version}" in daemonset
     assert f"docker.io/library/nodedra:{version}" == image.DEFAULT_NAME
 
 
 def test_debian_mirror_is_apts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(image.MIRROR_ENV, raising=False)
+    monkeypatch.delenv(debian.MIRROR_ENV, raising=False)
     apt = tmp_path / "apt"
     (apt / "sources.list.d").mkdir(parents=True)
-    assert image.debian_mirror(apt) == image.DEFAULT_MIRROR
+    assert debian.debian_mirror(apt) == debian.DEFAULT_MIRROR
     (apt / "sources.list").write_text(
         "deb https://packages.example.com/apt example-bookworm main\n"
     )
@@ -437,13 +437,13 @@ def test_debian_mirror_is_apts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         "Types: deb\n# a comment\nURIs: http://mirror.example.org/debian/\n"
         "Suites: bookworm bookworm-updates\nComponents: main\n"
     )
-    assert image.debian_mirror(apt) == "http://mirror.example.org/debian"
+    assert debian.debian_mirror(apt) == "http://mirror.example.org/debian"
     (apt / "sources.list").write_text(
         "deb [arch=amd64] http://one.example.org/debian bookworm main\n"
     )
-    assert image.debian_mirror(apt) == "http://one.example.org/debian"
-    monkeypatch.setenv(image.MIRROR_ENV, "http://other.example.org/debian/")
-    assert image.debian_mirror(apt) == "http://other.example.org/debian"
+    assert debian.debian_mirror(apt) == "http://one.example.org/debian"
+    monkeypatch.setenv(debian.MIRROR_ENV, "http://other.example.org/debian/")
+    assert debian.debian_mirror(apt) == "http://other.example.org/debian"
 
 
 # -- layers -------------------------------------------------------------------------------------
@@ -471,7 +471,7 @@ def test_pack_layer_keeps_files_links_and_modes_and_drops_devices(tmp_path: Path
     os.mknod(root / "dev" / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     layer = tmp_path / "layer.tar"
 
-    unpacked = image.pack_layer(root, layer, mtime=7)
+    unpacked = layers.pack_layer(root, layer, mtime=7)
 
     members = _members(layer)
     names = list(members)
@@ -510,7 +510,7 @@ def test_pack_layer_turns_overlay_whiteouts_into_oci_ones(tmp_path: Path) -> Non
     (upper / "opt" / "fresh").write_text("f")
     layer = tmp_path / "layer.tar"
 
-    image.pack_layer(upper, layer, overlay_upper=True)
+    layers.pack_layer(upper, layer, overlay_upper=True)
 
     members = _members(layer)
     assert members["etc/.wh.gone.conf"].isreg()
@@ -521,7 +521,7 @@ def test_pack_layer_turns_overlay_whiteouts_into_oci_ones(tmp_path: Path) -> Non
     assert not any(m.ischr() for m in members.values())
 
     # The same tree read as a plain root filesystem: a 0/0 device is just a device, left out.
-    image.pack_layer(upper, layer)
+    layers.pack_layer(upper, layer)
     plain = _members(layer)
     assert not any(".wh." in name for name in plain)
     assert "etc/gone.conf" not in plain
@@ -551,7 +551,7 @@ def test_strip_rootfs_keeps_licenses_and_directories(tmp_path: Path) -> None:
     (root / "var/cache/apt/archives/partial").mkdir()
     (root / "usr/share/doc/python3.11-minimal").symlink_to("libc6")
 
-    image.strip_rootfs(root)
+    image_base.strip_rootfs(root)
 
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
     assert left == sorted(n for n, text in files.items() if text == "kept")

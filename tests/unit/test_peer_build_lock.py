@@ -11,7 +11,7 @@ import io
 import threading
 from pathlib import Path
 
-from tests.peers.build import _locked
+from tests.peers.cache import locked
 from tests.peers.cluster import poll
 
 
@@ -23,7 +23,7 @@ def test_a_build_that_finds_the_group_locked_says_so_and_goes_on_once_it_is_free
     entered = threading.Event()
 
     def build() -> None:
-        with _locked(lock, log, "kubernetes-v1.35.4"):
+        with locked(lock, log, "kubernetes-v1.35.4"):
             entered.set()
 
     with open(lock, "w") as held:  # another process's build, as flock sees it
@@ -44,6 +44,6 @@ def test_a_build_that_finds_the_group_locked_says_so_and_goes_on_once_it_is_free
 
 def test_a_build_that_finds_the_group_free_says_nothing(tmp_path: Path) -> None:
     log = io.StringIO()
-    with _locked(tmp_path / ".helm.lock", log, "helm"):
+    with locked(tmp_path / ".helm.lock", log, "helm"):
         pass
     assert log.getvalue() == ""

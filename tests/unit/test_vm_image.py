@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.peers import vm_image
-from tests.peers.build import CNI_PLUGINS, PeerBinaries, containerd_peer
+from tests.peers.build import PeerBinaries
+from tests.peers.peer_groups import CNI_PLUGINS, containerd_peer
 from tests.peers.vm_image import VMImageError, extract_vmlinux, recipe_key
 
 

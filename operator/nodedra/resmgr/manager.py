@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from kubernetes import client as k8s
@@ -23,14 +22,13 @@ from kubernetes import client as k8s
 from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSettings, driver_name
 from nodedra.dra.claims import claim_ref
 from nodedra.lib import faults
-from nodedra.lib.durable import NotDurableError
-from nodedra.lib.slotfile import Identity
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
 from nodedra.policy import Grant, Policy, PolicyConfig, PolicyError
 
 from .batchlock import BatchLock
-from .checkpoint import FILE_NAME, Checkpoint, CheckpointError, State
+from .checkpoint import FILE_NAME, Checkpoint
 from .containers import ContainerPinner, reserved_pods
+from .ledger import Ledger, reservations_of
 from .nrirole import NRIRole
 from .pinning import Books, Holdings, Reservation
 
@@ -71,7 +69,8 @@ class ResourceManager:
             Options(**options.plugin_settings(), kube_client=kube_client, owner=self, policy=self),
         )
         state_dir = Path(options.state_dir or self.plugin.plugin_data_dir)
-        self.checkpoint = Checkpoint(state_dir / FILE_NAME)
+        self.ledger = Ledger(Checkpoint(state_dir / FILE_NAME))
+        self.checkpoint = self.ledger.checkpoint
         self._reservations: dict[str, Reservation] = {}
         self._updates_due = False
         self.containers: ContainerPinner | None = None
@@ -90,14 +89,8 @@ class ResourceManager:
             self.nri = NRIPlugin(self.containers, options.nri)
             self._nri_role = NRIRole(self.nri, self.containers, self.plugin.plugin_data_dir)
             self._nri_socket = options.nri.socket_path
-        self._saved: Identity | None = None
-        """The checkpoint file we wrote or read last; None until the first start."""
-        self._committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
-        """What the checkpoint holds as of ``_saved``, readable without the lock."""
         self._pending: faults.SlotPoints | None = None
         """The request under the lock changed the books since the last save: its kind."""
-        self._durable: State | None = None
-        """The state the checkpoint holds, as last written or read."""
 
     @property
     def policy(self) -> Policy:
@@ -285,10 +278,10 @@ class ResourceManager:
         return frozenset(self._committed_view())
 
     def _committed_view(self) -> Mapping[str, tuple[Grant, ...]]:
-        if self.plugin.sockets.lock is not None and self.checkpoint.identity() != self._saved:
+        if self.plugin.sockets.lock is not None and self.ledger.replaced():
             with self:  # catches up with the other instance's commits
                 pass
-        return self._committed
+        return self.ledger.committed
 
     def holdings(self, timeout: float) -> Holdings | None:
         """Every claim's CPUs and every container's, at one moment; None if the lock is busy.
@@ -339,9 +332,9 @@ class ResourceManager:
             state = self.checkpoint.load()
             claims: Mapping[str, Any] = {}
             if state is not None:
-                self._check_owner(state)
+                self.ledger.check_owner(state, self._policy)
                 claims = state.claims
-                self._reservations = _reservations(state)
+                self._reservations = reservations_of(state)
             self._check_pinnable(self._policy.config)
             self._policy.start(self, claims)
             self._save()
@@ -413,78 +406,22 @@ class ResourceManager:
             )
 
     def _save(self, crash_points: faults.SlotPoints | None = None) -> None:
-        """Write the policy's state to the checkpoint (lock held); raise on failure.
-
-        Once the new file is in place it is what a restart and the other instance read,
-        whatever fails after: from then on it is the durable state that a failed commit
-        takes back, and the view of what is committed.
-        """
-        reservations = {
-            uid: r.to_json()
-            for uid, r in self._reservations.items()
-            if uid in self._policy.claim_uids()
-        }
-        state = State(self._policy.name, self.driver, self._policy.snapshot(), reservations)
-        try:
-            self.checkpoint.save(state, crash_points)
-        except NotDurableError:
-            self._on_disk(state)
-            raise
-        self._on_disk(state)
-
-    def _on_disk(self, state: State) -> None:
-        """``state`` is the checkpoint now: what a failed commit takes back, what is committed."""
-        self._durable = state
-        self._take_view()
-        self._saved = self.checkpoint.identity()
-
-    def _take_view(self) -> None:
-        """Make what the policy holds now the view of what is committed (lock held)."""
-        policy = self._policy
-        self._committed = MappingProxyType({u: policy.grants(u) for u in policy.claim_uids()})
+        """Write the policy's state to the checkpoint (lock held; `Ledger.save`)."""
+        self.ledger.save(self._policy, self.driver, self._reservations, crash_points)
 
     def _catch_up(self) -> None:
         """Take back the checkpoint if another instance replaced it (rolling updates only)."""
-        if self.plugin.sockets.lock is None or self._saved is None:
+        if self.plugin.sockets.lock is None:
             return
-        current = self.checkpoint.identity()
-        if current == self._saved:
-            return
-        state = self.checkpoint.load()
-        if state is not None:
-            self._check_owner(state)
-            self._policy.restore(state.claims)
-            self._reservations = _reservations(state)
+        reservations = self.ledger.catch_up(self._policy, self.driver)
+        if reservations is not None:
+            self._reservations = reservations
             self._books_changed()
-            self._durable = state
-        self._saved = current
-        self._take_view()
-        log.info("took back the claims another instance of %s committed", self.driver)
 
     def _take_back_durable(self) -> None:
-        """Make the policy hold what the checkpoint holds (a commit failed; lock held).
-
-        From the copy of the last state put in place or read, not from the disk, which just
-        failed us: the state before the commit, or the commit's own if its file was put in
-        place before the failure.
-        """
-        durable = self._durable
-        self._policy.restore(durable.claims if durable is not None else {})
-        self._reservations = _reservations(durable) if durable is not None else {}
+        """Make the policy hold what the checkpoint holds (a commit failed; lock held)."""
+        self._reservations = self.ledger.take_back(self._policy)
         self._books_changed()
-        log.warning(
-            "a commit failed: the policy holds the %d claims of the checkpoint again",
-            len(durable.claims) if durable is not None else 0,
-        )
-
-    def _check_owner(self, state: State) -> None:
-        if state.policy != self._policy.name and state.claims:
-            raise CheckpointError(
-                f"checkpoint {self.checkpoint.path} holds {len(state.claims)} claims of policy "
-                f"{state.policy}, but policy {self._policy.name} is configured: switching "
-                f"policies would lose them. Switch back to {state.policy}, or drain the "
-                "node's pods that use DRA claims first."
-            )
 
     def _sweep_specs(self) -> None:
         """Remove the CDI specs and metadata of claims the policy does not hold (a crash's)."""
@@ -495,15 +432,3 @@ class ResourceManager:
                 self.plugin.cdi.remove_claim(uid)
         for uid in self.plugin.metadata.remove_unheld(held):
             log.info("removed the device metadata of claim %s, which no policy holds", uid or "?")
-
-
-def _reservations(state: State) -> dict[str, Reservation]:
-    """The reservations of a checkpoint, of the claims it holds; CheckpointError if bad."""
-    try:
-        return {
-            str(uid): Reservation.from_json(record)
-            for uid, record in state.reservations.items()
-            if uid in state.claims
-        }
-    except (ValueError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"the checkpoint's reservations are malformed: {err}") from None
