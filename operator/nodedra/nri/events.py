@@ -109,6 +109,10 @@ class RuntimeOwner(Protocol):
         """The runtime connection came (synchronized) or went."""
         ...
 
+    def idle(self) -> bool:
+        """Whether an event handled now would not wait for anyone (a glance: it may change)."""
+        ...
+
 
 class EventObserver(Protocol):
     """Who counts events (the metrics)."""

@@ -165,7 +165,11 @@ class NRIPlugin:
             sock.close()
             raise
         connection = Connection(
-            sock, self._events.handle, name="nri", on_answered=self._events.answered
+            sock,
+            self._events.handle,
+            name="nri",
+            on_answered=self._events.answered,
+            inline=self._owner.idle,
         )
         with self._cond:
             if self._stopping:

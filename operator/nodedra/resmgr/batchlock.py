@@ -60,6 +60,16 @@ class BatchLock:
         """
         return self._others_queued
 
+    def idle(self) -> bool:
+        """Whether nobody holds the lock or waits for it just now (a glance: it may change).
+
+        The NRI connection handles an event on its reader thread when it is, saving a
+        thread hand-off; when it is not, the event waits on a thread of its own.
+        """
+        return not (
+            self._lock.locked() or self._joining or self._others_queued or self._requests_in_flight
+        )
+
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take the lock once no kubelet request is in flight; whether it was taken."""
         deadline = None if timeout < 0 else time.monotonic() + timeout

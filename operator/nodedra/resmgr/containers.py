@@ -64,9 +64,11 @@ class ContainerPinner:
         api: ClusterAPI,
         on_synchronized: Callable[[], None],
         on_changed: Callable[[], None] = lambda: None,
+        lock_idle: Callable[[], bool] = lambda: False,
         refresh_wait: float = REFRESH_WAIT,
     ) -> None:
         self._lock = lock
+        self._lock_idle = lock_idle
         self._policy = policy
         self._reservations = reservations
         self._api = api
@@ -104,6 +106,10 @@ class ContainerPinner:
             )
 
     # RuntimeOwner ------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether nobody holds or waits for the resource manager's lock just now."""
+        return self._lock_idle()
 
     def synchronize(self, pods: Sequence[Pod], containers: Sequence[Container]) -> list[Update]:
         """Start again from what the runtime has: every container to what it should run on.

@@ -85,6 +85,7 @@ class ResourceManager:
                 api=self.plugin.cluster_api,
                 on_synchronized=self.plugin.allow_claims,
                 on_changed=self._request_updates,
+                lock_idle=self._lock.idle,
             )
             self.nri = NRIPlugin(self.containers, options.nri)
             self._nri_role = NRIRole(self.nri, self.containers, self.plugin.plugin_data_dir)

@@ -30,7 +30,9 @@ PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 class Owner:
     """Records what the plugin tells it; answers with what the test set."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: bool = False) -> None:
+        self.is_idle = idle
+        """What ``idle`` answers: whether events are handled on the connection's reader."""
         self.synchronized: list[tuple[list[Pod], list[Container]]] = []
         self.created: list[Container] = []
         self.connections: list[bool] = []
@@ -95,6 +97,9 @@ class Owner:
             self.connections.append(connected)
             self.changed.notify_all()
 
+    def idle(self) -> bool:
+        return self.is_idle
+
 
 class Runtime:
     """A listening NRI socket whose connections the test speaks for the runtime."""
@@ -153,9 +158,11 @@ def runtime() -> Iterator[Runtime]:
     server.server.close()
 
 
-@pytest.fixture
-def owner() -> Owner:
-    return Owner()
+@pytest.fixture(params=[False, True], ids=["handed-off", "inline"])
+def owner(request: pytest.FixtureRequest) -> Owner:
+    """Every test twice: each event handled on the connection's handler thread, and on
+    its reader thread (what the plugin does while the owner's lock is idle)."""
+    return Owner(idle=request.param)
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from nodedra.nri.wire import (
     encode_message,
     frames,
 )
+from tests.peers.cluster import poll
 
 
 class Peer:
@@ -186,3 +187,70 @@ def test_garbage_on_the_socket_drops_the_connection_with_the_reason(
     assert connection.wait_closed(10)
     assert connection.close_reason is not None
     assert "larger than any the multiplexer writes" in connection.close_reason
+
+
+def test_requests_are_handled_on_the_reader_while_inline_is_allowed() -> None:
+    """The hand-off to the handler thread is skipped while the owner says it is idle."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    inline = threading.Event()
+    handled_on: list[str] = []
+
+    def handler(call: Call) -> bytes:
+        handled_on.append(threading.current_thread().name)
+        return b"ok"
+
+    connection = Connection(ours, handler, name="test", inline=inline.is_set)
+    connection.start()
+    peer = Peer(theirs)
+    try:
+        peer.call(1, "svc", "A")
+        peer.receive()
+        inline.set()
+        peer.call(3, "svc", "B")
+        peer.receive()
+    finally:
+        connection.close()
+        theirs.close()
+    assert handled_on == ["test-handler", "test-reader"]
+
+
+def test_a_request_behind_one_on_the_handler_thread_waits_its_turn() -> None:
+    """Requests are answered in order: one that comes while the handler thread still has
+    another goes to that thread too, however idle the owner says it is meanwhile."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    inline = threading.Event()
+    first_began, release_first = threading.Event(), threading.Event()
+    order: list[tuple[str, str]] = []
+    answered: list[str] = []
+
+    def handler(call: Call) -> bytes:
+        if call.method == "First":
+            first_began.set()
+            release_first.wait(30)
+        order.append((call.method, threading.current_thread().name))
+        return b""
+
+    connection = Connection(
+        ours, handler, name="test", inline=inline.is_set, on_answered=lambda: answered.append("")
+    )
+    connection.start()
+    peer = Peer(theirs)
+    try:
+        peer.call(1, "svc", "First")
+        assert first_began.wait(30)
+        inline.set()  # the owner looks idle now, but the first is still being handled
+        peer.call(3, "svc", "Second")
+        poll(lambda: connection._handed == 2 or None, 30, lambda: "the second handed over")
+        release_first.set()
+        assert [peer.receive()[1].stream_id for _ in range(2)] == [1, 3]
+        peer.call(5, "svc", "Third")  # the handler thread is done: this one goes inline
+        peer.receive()
+    finally:
+        connection.close()
+        theirs.close()
+    assert order == [
+        ("First", "test-handler"),
+        ("Second", "test-handler"),
+        ("Third", "test-reader"),
+    ]
+    assert len(answered) >= 3, "every answer is reported, inline ones too"
