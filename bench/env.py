@@ -43,6 +43,7 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 TOPOLOGY_AWARE = "topology-aware.nri.io"
 GO_DRIVER = "go.bench.nodedra.test"
 DURABLE_GO_DRIVER = "durable.bench.nodedra.test"
+METADATA_GO_DRIVER = "metadata.bench.nodedra.test"
 """The Go driver with a durable record of each claim (``--state-dir``)."""
 
 #: The machine nodedra's topology-aware policy runs on in the benchmarks: two sockets,
@@ -244,6 +245,7 @@ class BenchCluster:
         devices: int = 4,
         name: str | None = None,
         durable: bool = False,
+        metadata: bool = False,
     ) -> Spawned:
         """The Go reference driver (official kubeletplugin helper) on ``node``.
 
@@ -251,7 +253,9 @@ class BenchCluster:
         as nodedra's client has none: a 64-claim prepare would otherwise measure the
         limiter. Devices go into slices of at most 128, the API's limit. ``durable``: it
         also writes, fsyncs and renames a record per prepared claim (and fsyncs the
-        directory) before the CDI spec, as drivers that keep a checkpoint do.
+        directory) before the CDI spec, as drivers that keep a checkpoint do. ``metadata``:
+        it writes device metadata for each prepared claim's requests through the helper,
+        as nodedra always does.
         """
         name = name or f"go-{node}-{driver.split('.', maxsplit=1)[0]}"
         directory = self.workdir / name
@@ -266,6 +270,7 @@ class BenchCluster:
             f"--devices={devices}",
             "--devices-per-slice=128",
             "--kube-api-qps=-1",
+            f"--device-metadata={str(metadata).lower()}",
             "--v=2",
         ]
         if durable:

@@ -26,6 +26,7 @@ from bench.claims import Allocation, create_claims
 from bench.env import (
     DURABLE_GO_DRIVER,
     GO_DRIVER,
+    METADATA_GO_DRIVER,
     TOPOLOGY_AWARE,
     BenchCluster,
     Spawned,
@@ -115,11 +116,19 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
             NODE, kubelet.registry_dir, driver=DURABLE_GO_DRIVER, devices=devices, durable=True
         ),
     )
+    with_metadata, with_metadata_start = start_timed(
+        kubelet,
+        METADATA_GO_DRIVER,
+        lambda: env.go_driver(
+            NODE, kubelet.registry_dir, driver=METADATA_GO_DRIVER, devices=devices, metadata=True
+        ),
+    )
     drivers = {
         "nodedra": Driver(TOPOLOGY_AWARE, nodedra, NODE, kubelet),
         "manager": Driver(TOPOLOGY_AWARE, manager, MANAGER_NODE, manager_kubelet),
         "go": Driver(GO_DRIVER, go, NODE, kubelet),
         "go-durable": Driver(DURABLE_GO_DRIVER, durable, NODE, kubelet),
+        "go-metadata": Driver(METADATA_GO_DRIVER, with_metadata, NODE, kubelet),
     }
     published = {
         name: _devices(env, d, 4 if d.driver == TOPOLOGY_AWARE else devices)
@@ -167,7 +176,7 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
             row = {"driver": name, **measured[name].result()}
             cases.append(row)
             say(
-                f"  {name:10} {case.label:>16} claims: prepare p50 {row['prepare_ms']['p50']:.2f} "
+                f"  {name:11} {case.label:>16} claims: prepare p50 {row['prepare_ms']['p50']:.2f} "
                 f"ms p99 {row['prepare_ms']['p99']:.2f} ms, {row['claims_per_second']:.0f} claims/s"
             )
     return {
@@ -181,6 +190,7 @@ def run(env: BenchCluster, sysfs: Path, plan: Plan, say: Callable[[str], None]) 
             "nodedra_manager": manager_start,
             "go": go_start,
             "go_durable": durable_start,
+            "go_metadata": with_metadata_start,
         },
         "idle": idle,
         "cases": cases,
@@ -299,6 +309,7 @@ def _ratios(
 
     rows: list[dict[str, Any]] = []
     durable: list[dict[str, Any]] = []
+    with_metadata: list[dict[str, Any]] = []
     manager: list[dict[str, Any]] = []
     for case in plan.prepare_cases:
         ours = by["nodedra", case.label]
@@ -310,6 +321,7 @@ def _ratios(
             }
         )
         durable.append({"case": case.label, **over(ours, by["go-durable", case.label])})
+        with_metadata.append({"case": case.label, **over(ours, by["go-metadata", case.label])})
         manager.append(
             {"case": case.label, **over(by["manager", case.label], by["go", case.label])}
         )
@@ -323,6 +335,7 @@ def _ratios(
     return {
         "nodedra_over_go": rows,
         "nodedra_over_durable_go": durable,
+        "nodedra_over_metadata_go": with_metadata,
         "manager_over_go": manager,
         "aim_one_claim_p99": aim,
     }

@@ -116,7 +116,8 @@ def _prepare(prepare: dict[str, Any]) -> list[str]:
         "`nodedra run` as deployed (kopf, the claim watch, metrics, the claim status writes, "
         "whose CPU is counted until it is quiet after each round); manager is its resource "
         "manager alone in a process (plugin, policy, checkpoint); go-durable is the Go driver "
-        "keeping a durable record of each claim.",
+        "keeping a durable record of each claim; go-metadata is the Go driver writing device "
+        "metadata for each claim's requests through the helper, as nodedra does.",
         "",
         "Claim status writes `nodedra run` made per claim prepared and unprepared (they wait "
         "until the kubelet has been quiet for 0.25 s, or 2 s at most, and a claim queued "
@@ -136,6 +137,12 @@ def _prepare(prepare: dict[str, Any]) -> list[str]:
         "written, fsynced, renamed, directory fsynced, before the CDI spec; so is the removal):",
         "",
         *_table(header, ratio_rows("nodedra_over_durable_go")),
+        "",
+        "nodedra run / the Go driver writing device metadata as nodedra does (`go-metadata`: "
+        "the helper's metadata file per request and a CDI spec of its own for its mount, "
+        "removed on unprepare):",
+        "",
+        *_table(header, ratio_rows("nodedra_over_metadata_go")),
         "",
         "nodedra's manager process / Go:",
         "",

@@ -24,10 +24,13 @@ import (
 	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	metadatav1alpha1 "k8s.io/dynamic-resource-allocation/api/metadata/v1alpha1"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -51,6 +54,7 @@ type config struct {
 	kubeAPIQPS      float64
 	kubeAPIBurst    int
 	stateDir        string
+	deviceMetadata  bool
 }
 
 func main() {
@@ -76,6 +80,7 @@ func main() {
 	flag.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 0, "client-side QPS limit of the API client (0: client-go's default of 5, negative: no limit)")
 	flag.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 0, "client-side burst of the API client (0: client-go's default of 10)")
 	flag.StringVar(&cfg.stateDir, "state-dir", "", "keep a durable record of each prepared claim here, as drivers with a checkpoint do (empty: none)")
+	flag.BoolVar(&cfg.deviceMetadata, "device-metadata", false, "write device metadata (KEP-5304) for each prepared claim's requests, through the helper, as nodedra always does")
 	flag.Parse()
 
 	if err := run(cfg); err != nil {
@@ -118,8 +123,8 @@ func run(cfg config) error {
 	defer cancel(nil)
 	logger := klog.FromContext(ctx)
 
-	d := &driver{name: cfg.driverName, cdiDir: cfg.cdiDir, stateDir: cfg.stateDir, cancel: cancel}
-	helper, err := kubeletplugin.Start(ctx, d,
+	d := &driver{name: cfg.driverName, cdiDir: cfg.cdiDir, stateDir: cfg.stateDir, metadata: cfg.deviceMetadata, cancel: cancel}
+	options := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(cfg.nodeName),
 		kubeletplugin.DriverName(cfg.driverName),
@@ -130,7 +135,13 @@ func run(cfg config) error {
 		kubeletplugin.HealthService(false),
 		kubeletplugin.NodeV1(cfg.nodeV1),
 		kubeletplugin.NodeV1beta1(cfg.nodeV1beta1),
-	)
+	}
+	if cfg.deviceMetadata {
+		// The versions nodedra writes, newest first.
+		versions := []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion, metadatav1alpha1.SchemeGroupVersion}
+		options = append(options, kubeletplugin.EnableDeviceMetadata(true, versions), kubeletplugin.CDIDirectory(cfg.cdiDir))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, options...)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin helper: %w", err)
 	}
@@ -181,6 +192,7 @@ type driver struct {
 	name     string
 	cdiDir   string
 	stateDir string // "": no durable record
+	metadata bool   // describe each device in the helper's device metadata files
 	cancel   context.CancelCauseFunc
 }
 
@@ -217,13 +229,20 @@ func (d *driver) prepareClaim(claim *resourceapi.ResourceClaim) ([]kubeletplugin
 				fmt.Sprintf("GO_DRIVER_%s_%d_DEVICE=%s/%s", envSafe(string(claim.UID)), index, res.Pool, res.Device),
 			}},
 		})
-		devices = append(devices, kubeletplugin.Device{
+		device := kubeletplugin.Device{
 			Requests:     []string{baseRequest(res.Request)},
 			PoolName:     res.Pool,
 			DeviceName:   res.Device,
 			CDIDeviceIDs: []string{kind + "=" + cdiName},
 			ShareID:      res.ShareID,
-		})
+		}
+		if d.metadata {
+			device.Metadata = &kubeletplugin.DeviceMetadata{Attributes: map[string]resourceapi.DeviceAttribute{
+				"index": {IntValue: ptr.To(int64(index))},
+				"model": {StringValue: ptr.To("go-test-device")},
+			}}
+		}
+		devices = append(devices, device)
 		index++
 	}
 	if len(devices) == 0 {
