@@ -10,11 +10,12 @@ how a request's claims go through those steps is `requests.ClaimRequests`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,7 @@ class Plugin:
             publisher.publish(self._devices)
             servers.start()
             publisher.start()
+            self._metadata.start_sweeping(self._exclusive)
             self._servers, self._publisher = servers, publisher
         log.info("DRA plugin %s started on node %s", self._driver, self._options.node_name)
 
@@ -183,10 +185,17 @@ class Plugin:
             publisher, self._publisher = self._publisher, None
         if servers is not None:
             servers.stop()
+            self._metadata.stop_sweeping(self._exclusive)
         if publisher is not None:
             publisher.stop()
         if servers is not None:
             log.info("DRA plugin %s stopped", self._driver)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The locks a kubelet request takes, in its order: no request runs meanwhile."""
+        with self.instance_lock.held(), self._owner:
+            yield
 
     def allow_claims(self) -> None:
         """Let the plugin serve claims, once the owner has synchronized its own state.

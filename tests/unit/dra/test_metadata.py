@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nodedra.dra import ClaimError, ClaimRef
+from nodedra.dra import ClaimError, ClaimRef, metadata
 from nodedra.dra.claims import AllocationResult
 from nodedra.dra.metadata import POD_CLAIM_NAME_ANNOTATION, MetadataStore
+from tests.peers.cluster import poll
 from tests.unit.dra.fakes import DRIVER, make_claim, result
 from tests.unit.dra.test_plugin import Rig
 
@@ -178,11 +182,13 @@ def test_removal_leaves_a_namesakes_files_and_the_sweep_keeps_the_held(
     store.remove_claim(old)  # gone already: nothing to do
     (store.claim_dir("b", "c") / "leftover").mkdir()  # a crash between mkdir and the file
     (store.claim_dir("b", "c") / "a" / ".metadata.json.x1.tmp").write_text("{")
+    (store.claim_dir("b", "c") / "unreadable").mkdir()
+    (store.claim_dir("b", "c") / "unreadable" / "metadata.json").write_text("{")
     assert store.remove_leftovers() == [".metadata.json.x1.tmp"]
     assert sorted(store.remove_unheld(frozenset({"u3"}))) == ["", "uid-2"]
     assert sorted(store.claim_uids()) == ["u3"]
     assert not store.claim_dir(REF.namespace, REF.name).exists()
-    assert sorted(p.name for p in store.claim_dir("b", "c").iterdir()) == ["a"]
+    assert sorted(p.name for p in store.claim_dir("b", "c").iterdir()) == ["a"], "only u3's left"
     mode = (store.claim_dir("b", "c") / "a" / "metadata.json").stat().st_mode & 0o777
     assert mode == 0o644, "containers may run as any user"
 
@@ -235,3 +241,49 @@ def test_metadata_that_cannot_be_written_fails_the_claim_and_releases_it(
     assert "claim default/claim-good (good)" in str(answer.error)
     assert rig.policy.releases == ["good"]
     assert rig.specs() == []
+
+
+def test_the_directories_a_removal_empties_go_at_the_next_sweep(store: MetadataStore) -> None:
+    """Off the unprepare's time: its files go at once, its directories with the sweep,
+    and a namesake's request directory stays."""
+    old, new = REF, ClaimRef(REF.namespace, REF.name, "uid-2")
+    store.write(store.claim_metadata(old, claim_of(old), results(("a", "cpu0")), [{}]))
+    store.write(store.claim_metadata(new, claim_of(new), results(("b", "cpu1")), [{}]))
+    claim_dir = store.claim_dir(REF.namespace, REF.name)
+    store.remove_claim(old)
+    assert sorted(p.name for p in claim_dir.iterdir()) == ["a", "b"]
+    assert not (claim_dir / "a" / "metadata.json").exists()
+    store.remove_emptied()
+    assert sorted(p.name for p in claim_dir.iterdir()) == ["b"]
+    store.remove_claim(new)
+    store.remove_emptied()
+    assert not claim_dir.exists()
+    assert store.directory.is_dir(), "the store's own directory stays"
+
+
+def test_the_sweeper_removes_emptied_directories_inside_the_locks_it_is_given(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metadata, "SWEEP_DELAY", 0.05)
+    held = threading.Lock()
+    sweeps_held: list[bool] = []
+
+    @contextlib.contextmanager
+    def hold() -> Iterator[None]:
+        with held:
+            sweeps_held.append(True)
+            yield
+
+    store.write(store.claim_metadata(REF, claim_of(REF), results(("a", "cpu0")), [{}]))
+    store.start_sweeping(hold)
+    try:
+        store.remove_claim(REF)
+        claim_dir = store.claim_dir(REF.namespace, REF.name)
+        poll(lambda: (not claim_dir.exists()) or None, 30, lambda: "the sweep")
+    finally:
+        store.stop_sweeping(hold)
+    assert sweeps_held, "swept outside the locks"
+    store.write(store.claim_metadata(REF, claim_of(REF), results(("a", "cpu0")), [{}]))
+    store.remove_claim(REF)
+    store.stop_sweeping(hold)  # a stop sweeps what is left
+    assert not store.claim_dir(REF.namespace, REF.name).exists()
