@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import nodedra
-from tests.peers.build import PeerBinaries, kubernetes_version
+from tests.peers.build import PeerBinaries
+from tests.peers.peer_groups import kubernetes_version
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,11 +28,11 @@ from bench.plan import Plan
 from bench.prepare import CONSUMED, start_timed
 from bench.stats import ratio, summary_ms
 from nodedra.dra.kube import RESOURCE_API
-from tests.peers.build import NRI_VERSIONS
 from tests.peers.cluster import ensure_test_namespace
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.nri_protocol import BulkSpec, ContainerSpec, PodSpec, Resources
 from tests.peers.nri_runtime import NRIFactory, NRIRuntime
+from tests.peers.peer_groups import NRI_VERSIONS
 
 NODE = "bench-nri"
 NAMESPACE = "bench-nri"

@@ -25,7 +25,9 @@ from bench.machine import describe, load_average
 from bench.plan import Plan
 from bench.procstat import Noise
 from bench.report import markdown
-from tests.peers.build import NODE_PEERS, PeerBuildError, ensure_binaries, peer_names
+from tests.peers.build import ensure_binaries
+from tests.peers.cache import PeerBuildError
+from tests.peers.peer_groups import NODE_PEERS, peer_names
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

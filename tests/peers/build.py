@@ -38,32 +38,14 @@ from tests.peers.peer_groups import (
     ENV_OVERRIDES,
     INSTALL_HINT,
     KUBERNETES_PEERS,
-    NODE_PEERS,
-    NRI_VERSIONS,
     PEERS_DIR,
     SUPPLY_HINT,
     PeerGroup,
     containerd_peer,
     groups_by_peer,
     kubernetes_peer,
-    kubernetes_version,
     peer_groups,
-    peer_names,
 )
-
-# NODE_PEERS, NRI_VERSIONS, PeerBuildError, kubernetes_version and peer_names belong to
-# tests.peers.peer_groups and tests.peers.cache; bench/ imports them from here.
-__all__ = [
-    "NODE_PEERS",
-    "NRI_VERSIONS",
-    "PeerBinaries",
-    "PeerBuildError",
-    "build_in_background",
-    "ensure_binaries",
-    "kubernetes_version",
-    "main",
-    "peer_names",
-]
 
 #: How many cache entries of each group to keep.
 _KEEP_CACHE_ENTRIES = 3
