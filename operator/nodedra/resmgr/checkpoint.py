@@ -10,25 +10,31 @@ migrated and an unknown one refused rather than misread; and the slots a checksu
 damaged file is refused with a message instead of silently losing claims.
 
 Up to schema version 2 the checkpoint was ``checkpoint.json``, replaced on every commit.
-It is read once, when there is no slot file yet; then it is replaced by a note that the
-state moved, which nodedra of those versions refuses as written by a newer one: so an
-older instance still running beside this one during a rolling update fails its requests
-rather than work from books it can no longer see, and a downgrade is refused until the
-node's claims are drained (docs/deploying.md).
+The state moves in two writes: into the slot file, then a note that it moved replaces
+``checkpoint.json`` (durably: file and directory synced). Until the note is in place the
+legacy file is the checkpoint, whatever the slot file holds: a crash, OOM or full disk
+between the two leaves the older instance of a rolling update committing to it, and a
+restart or a catch-up must read what it committed. nodedra of those versions refuses the
+note as written by a newer one: an older instance still running beside this one fails its
+requests rather than work from books it can no longer see, and one started on a node this
+version ran on refuses to start (so the note is left even where there was no legacy file)
+instead of granting CPUs it cannot know are held; a downgrade needs the node's claims
+drained (docs/deploying.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from nodedra.lib import faults
-from nodedra.lib.durable import remove_leftovers, replace_file
-from nodedra.lib.slotfile import DamagedError, Identity, SlotFile
+from nodedra.lib import faults, slotfile
+from nodedra.lib.durable import NotDurableError, fsync_directory, remove_leftovers, replace_file
+from nodedra.lib.slotfile import DamagedError, SlotFile
 
 KIND = "nodedra.checkpoint"
 VERSION = 3
@@ -69,6 +75,22 @@ class State:
     """Claim UID -> its name and the pods it was reserved for, as of its prepare."""
 
 
+class Identity(NamedTuple):
+    """What changes with every save, by any process (see ``nodedra.lib.slotfile.Identity``)."""
+
+    slots: slotfile.Identity | None
+    """The slot file's; None if there is none."""
+    legacy: tuple[int, int, int] | None
+    """Inode, size and mtime of ``checkpoint.json`` while it may still be the checkpoint."""
+
+
+class Reading(NamedTuple):
+    """The state saved last (None: a first start), and the identity of what held it."""
+
+    state: State | None
+    identity: Identity
+
+
 def _checksum(version: int, data: Mapping[str, Any]) -> str:
     canonical = json.dumps(
         {"version": version, "data": data}, sort_keys=True, separators=(",", ":")
@@ -85,32 +107,47 @@ class Checkpoint:
         self.path = path
         self.legacy_path = path.with_name(LEGACY_NAME)
         self._slots = SlotFile(path)
-        self._legacy_moved = False
-        """Whether the legacy file is known to say that the state moved (or to be absent)."""
+        self._moved = False
+        """Whether this process put the note in place (durably): the legacy file is done."""
 
-    def identity(self) -> Identity | None:
-        """What changes with every save, by any process; None if nothing was saved yet."""
-        return self._slots.identity()
+    def identity(self) -> Identity:
+        """What changes with every save, by any process (cheap: a few small reads)."""
+        return Identity(self._slots.identity(), self._legacy_identity())
 
     def load(self) -> State | None:
         """The state saved last; None when there is no checkpoint (a first start)."""
+        return self.read().state
+
+    def read(self) -> Reading:
+        """The state saved last, and the identity of what it was read from.
+
+        The identity is what a reader may remember as seen: compared with ``identity()``
+        later, it differs if anyone saved since, or if this read met a save half done.
+        """
+        legacy = self._legacy_identity()
+        if not self._moved:
+            legacy_state, _ = self._load_legacy()
+            if legacy_state is not None:  # the state has not moved yet
+                return Reading(legacy_state, Identity(self._slots.identity(), legacy))
         try:
-            record = self._slots.read()
+            reading = self._slots.reading()
         except DamagedError as err:
             raise self._corrupt(str(err)) from None
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
-        if record is None:
-            return self._load_legacy()
+        if reading is None:
+            if self._load_legacy()[1]:
+                raise self._corrupt(f"it says the state moved to {self.path}, which is missing")
+            return Reading(None, Identity(None, legacy))
         try:
-            document = json.loads(record)
+            document = json.loads(reading.record)
             kind, version, data = document["kind"], document["version"], document["data"]
         except (ValueError, TypeError, KeyError) as err:
             raise self._corrupt(f"its record is not a checkpoint document ({err})") from None
-        return self._state(kind, version, data)
+        return Reading(self._state(kind, version, data), Identity(reading.identity, legacy))
 
-    def save(self, state: State, crash_points: faults.SlotPoints | None = None) -> None:
-        """Make ``state`` the checkpoint, durably; raise on failure.
+    def save(self, state: State, crash_points: faults.SlotPoints | None = None) -> Identity:
+        """Make ``state`` the checkpoint, durably, and return its identity; raise on failure.
 
         ``NotDurableError`` (``nodedra.lib.durable``) says the failure came after ``state``
         was written: it is the checkpoint now, what a restart reads (unless a power cut
@@ -125,9 +162,16 @@ class Checkpoint:
         # One line: json's C encoder writes no indentation (with it, the pure-Python one
         # runs, several times slower, on every commit).
         record = json.dumps({"kind": KIND, "version": VERSION, "data": data}, sort_keys=True)
-        self._slots.write(record.encode() + b"\n", crash_points)
-        if not self._legacy_moved:
-            self._leave_note_in_legacy()
+        if self._moved:
+            return Identity(self._slots.write(record.encode() + b"\n", crash_points), None)
+        try:
+            self._slots.write(record.encode() + b"\n", crash_points)
+        except NotDurableError as err:
+            # The legacy file is still the checkpoint, and the note must not make a slot
+            # that may not be on the disk the checkpoint: the state is as it was.
+            raise OSError(f"cannot move the checkpoint into {self.path}: {err}") from err
+        self._leave_note_in_legacy()
+        return self.identity()
 
     def remove_leftovers(self) -> list[str]:
         """Remove the temporary files of saves that a crash interrupted; their names."""
@@ -138,13 +182,26 @@ class Checkpoint:
             *remove_leftovers(self.path.parent, f"{self.legacy_path.name}."),
         ]
 
-    def _load_legacy(self) -> State | None:
-        """The state in ``checkpoint.json`` (versions 1 and 2); None if there is none."""
+    def _legacy_identity(self) -> tuple[int, int, int] | None:
+        """The legacy file's inode, size and mtime, until this process moved the state."""
+        if self._moved:
+            return None
+        try:
+            info = os.stat(self.legacy_path)
+        except FileNotFoundError:
+            return None
+        return info.st_ino, info.st_size, info.st_mtime_ns
+
+    def _load_legacy(self) -> tuple[State | None, bool]:
+        """The state in ``checkpoint.json`` (versions 1 and 2), and whether it is the note.
+
+        No state if there is no such file, or if it is the note that the state moved.
+        """
         path = self.legacy_path
         try:
             text = path.read_text()
         except FileNotFoundError:
-            return None
+            return None, False
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {path}: {err}") from None
         except UnicodeDecodeError as err:  # we write JSON, so UTF-8: it was damaged since
@@ -161,9 +218,9 @@ class Checkpoint:
             and checksum != _checksum(version, data)
         ):
             raise self._corrupt("its checksum does not match its content", path)
-        if version == VERSION and kind == KIND and data == _moved_note():
-            raise self._corrupt(f"it says the state moved to {self.path}, which is missing")
-        return self._state(kind, version, data, path)
+        if kind == KIND and version == VERSION and data == _MOVED:
+            return None, True
+        return self._state(kind, version, data, path), False
 
     def _state(
         self, kind: object, version: object, data: object, path: Path | None = None
@@ -196,24 +253,29 @@ class Checkpoint:
             raise self._corrupt(f"missing or malformed field {err}", path) from None
 
     def _leave_note_in_legacy(self) -> None:
-        """Replace a legacy ``checkpoint.json`` with the note that the state moved.
+        """Make ``checkpoint.json`` the note that the state moved, durably.
 
-        After the slot file holds the state: a crash in between leaves both, and the slot
-        file is what is read.
+        After the slot file holds the state: a crash in between leaves the legacy file the
+        checkpoint. A note already there may be one a crashed process renamed into place
+        without syncing its directory (a power cut could still bring the old file back):
+        it is synced too before the legacy file is done with.
         """
         try:
             text = self.legacy_path.read_text()
         except FileNotFoundError:
-            self._legacy_moved = True
-            return
+            text = None
         except (OSError, UnicodeDecodeError):
             text = ""
-        note = {"kind": KIND, "version": VERSION, "data": _moved_note()}
-        note["checksum"] = _checksum(VERSION, _moved_note())
-        content = json.dumps(note, sort_keys=True) + "\n"
-        if text != content:
-            replace_file(self.legacy_path, content.encode())
-        self._legacy_moved = True
+        if text != _NOTE:
+            replace_file(self.legacy_path, _NOTE.encode())
+        else:
+            fd = os.open(self.legacy_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(self.legacy_path.parent)
+        self._moved = True
 
     def _corrupt(self, why: str, path: Path | None = None) -> CheckpointError:
         path = path or self.path
@@ -224,6 +286,13 @@ class Checkpoint:
         )
 
 
-def _moved_note() -> dict[str, Any]:
-    """The data of the legacy file once the state is in the slot file."""
-    return {"movedTo": FILE_NAME}
+_MOVED = {"movedTo": FILE_NAME}
+"""The data of the legacy file once the state is in the slot file."""
+_NOTE = (
+    json.dumps(
+        {"kind": KIND, "version": VERSION, "data": _MOVED, "checksum": _checksum(VERSION, _MOVED)},
+        sort_keys=True,
+    )
+    + "\n"
+)
+"""The legacy file's content once the state is in the slot file."""

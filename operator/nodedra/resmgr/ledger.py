@@ -17,10 +17,9 @@ from types import MappingProxyType
 
 from nodedra.lib import faults
 from nodedra.lib.durable import NotDurableError
-from nodedra.lib.slotfile import Identity
 from nodedra.policy import Grant, Policy
 
-from .checkpoint import Checkpoint, CheckpointError, State
+from .checkpoint import Checkpoint, CheckpointError, Identity, State
 from .pinning import Reservation
 
 log = logging.getLogger(__name__)
@@ -31,16 +30,17 @@ class Ledger:
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
-        self.saved: Identity | None = None
-        """The checkpoint file we wrote or read last; None until the first start."""
+        self.seen: Identity | None = None
+        """The checkpoint as we wrote or read it last; None until the first start (then
+        an identity, also when there is no file: one made later is then noticed)."""
         self.committed: Mapping[str, tuple[Grant, ...]] = MappingProxyType({})
-        """What the checkpoint holds as of ``saved``, readable without the lock."""
+        """What the checkpoint holds as of ``seen``, readable without the lock."""
         self.durable: State | None = None
         """The state the checkpoint holds, as last written or read."""
 
     def replaced(self) -> bool:
         """Whether anyone wrote the checkpoint since we wrote or read it last."""
-        return self.checkpoint.identity() != self.saved
+        return self.checkpoint.identity() != self.seen
 
     def save(
         self,
@@ -58,17 +58,17 @@ class Ledger:
         held = {uid: r.to_json() for uid, r in reservations.items() if uid in policy.claim_uids()}
         state = State(policy.name, driver, policy.snapshot(), held)
         try:
-            self.checkpoint.save(state, crash_points)
+            identity = self.checkpoint.save(state, crash_points)
         except NotDurableError:
-            self._on_disk(state, policy)
+            self._on_disk(state, policy, self.checkpoint.identity())
             raise
-        self._on_disk(state, policy)
+        self._on_disk(state, policy, identity)
 
-    def _on_disk(self, state: State, policy: Policy) -> None:
+    def _on_disk(self, state: State, policy: Policy, identity: Identity) -> None:
         """``state`` is the checkpoint now: what a failed commit takes back, what is committed."""
         self.durable = state
         self.take_view(policy)
-        self.saved = self.checkpoint.identity()
+        self.seen = identity
 
     def take_view(self, policy: Policy) -> None:
         """Make what the policy holds now the view of what is committed."""
@@ -80,19 +80,18 @@ class Ledger:
         The policy then holds its claims; returns their reservations (None: none to take
         back). ``driver`` names the instances in the log.
         """
-        if self.saved is None:
+        if self.seen is None or self.checkpoint.identity() == self.seen:
             return None
-        current = self.checkpoint.identity()
-        if current == self.saved:
-            return None
-        state = self.checkpoint.load()
+        # What was read, and its identity, come from the same reads: a commit met half
+        # written is read as the one before it, and read again once whole.
+        state, identity = self.checkpoint.read()
         reservations = None
         if state is not None:
             self.check_owner(state, policy)
             policy.restore(state.claims)
             reservations = reservations_of(state)
             self.durable = state
-        self.saved = current
+        self.seen = identity
         self.take_view(policy)
         log.info("took back the claims another instance of %s committed", driver)
         return reservations

@@ -365,10 +365,14 @@ class ResourceManager:
 
         The save takes the locks a kubelet request takes, in the same order, and catches
         up first: during a rolling update the other instance may have committed since.
+        A manager whose start never read the checkpoint (it refused it) saves nothing: its
+        empty books would replace the claims the admin must still recover.
         """
         self.plugin.stop()
         if self._nri_role is not None:
             self._nri_role.stop()
+        if self.ledger.seen is None:
+            return
         with self.plugin.instance_lock.held(), self:
             self._save()
 

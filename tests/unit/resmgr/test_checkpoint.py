@@ -44,7 +44,7 @@ def test_missing_checkpoint_is_a_first_start(checkpoint: Checkpoint) -> None:
 def test_round_trip(checkpoint: Checkpoint) -> None:
     checkpoint.save(STATE)
     assert checkpoint.load() == STATE
-    assert os.listdir(checkpoint.path.parent) == [cp.FILE_NAME]
+    assert sorted(os.listdir(checkpoint.path.parent)) == [cp.LEGACY_NAME, cp.FILE_NAME]
     newer = State("topology-aware", "topology-aware.nri.io", {})
     checkpoint.save(newer)
     assert checkpoint.load() == newer
@@ -206,6 +206,19 @@ def test_an_older_nodedra_refuses_the_note(
         old.load()
 
 
+def test_a_node_that_never_had_a_legacy_file_gets_the_note_too(
+    checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nodedra of schema version 2 started on a node this version ran on (a rollback that
+    did not drain the claims) refuses to start rather than hand out CPUs it cannot know are
+    held: it would read no checkpoint.json as a first start."""
+    checkpoint.save(STATE)
+    old = Checkpoint(checkpoint.path.with_name("elsewhere.slots"))  # sees only the legacy file
+    monkeypatch.setattr(cp, "VERSION", 2)
+    with pytest.raises(CheckpointError, match="schema version 3, written by a newer nodedra"):
+        old.load()
+
+
 def test_the_note_without_the_slot_file_is_refused(checkpoint: Checkpoint) -> None:
     write_legacy(checkpoint, 2, VERSION_2)
     checkpoint.save(STATE)
@@ -240,9 +253,41 @@ def test_leftovers_of_both_files_are_removed(checkpoint: Checkpoint) -> None:
     assert sorted(checkpoint.remove_leftovers()) == sorted(
         [f".{cp.FILE_NAME}.x1.tmp", f".{cp.LEGACY_NAME}.x2.tmp"]
     )
-    assert os.listdir(checkpoint.path.parent) == [cp.FILE_NAME]
+    assert sorted(os.listdir(checkpoint.path.parent)) == [cp.LEGACY_NAME, cp.FILE_NAME]
 
 
 def test_the_legacy_name_is_not_the_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="legacy"):
         Checkpoint(tmp_path / cp.LEGACY_NAME)
+
+
+def test_until_the_note_is_in_place_the_legacy_file_is_the_checkpoint(
+    checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state moves in two writes: the slot file, then the note. If the note never
+    comes (a kill, OOM, a full disk in between), the older instance still serving during
+    the rolling update goes on committing to checkpoint.json: it is what a restart reads,
+    and what an instance catches up with, until it says the state moved."""
+    write_legacy(checkpoint, 2, VERSION_2)
+    state = checkpoint.load()
+    assert state is not None
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cp, "replace_file", full)
+    with pytest.raises(OSError, match="No space left") as caught:
+        checkpoint.save(State(state.policy, state.driver, {**state.claims, "u2": {}}))
+    assert not isinstance(caught.value, durable.NotDurableError), "the state did not move"
+    monkeypatch.undo()
+    seen = checkpoint.identity()
+    later = {**VERSION_2, "claims": {**VERSION_2["claims"], "u3": {"grants": []}}}
+    write_legacy(checkpoint, 2, later)  # the older instance commits
+    assert checkpoint.identity() != seen, "its commit goes unnoticed"
+    for reader in (checkpoint, Checkpoint(checkpoint.path)):
+        loaded = reader.load()
+        assert loaded is not None
+        assert set(loaded.claims) == {"u1", "u3"}
+    checkpoint.save(State(state.policy, state.driver, later["claims"], {}))
+    assert json.loads(checkpoint.legacy_path.read_text())["data"] == {"movedTo": cp.FILE_NAME}
+    assert set(Checkpoint(checkpoint.path).load().claims) == {"u1", "u3"}  # type: ignore[union-attr]

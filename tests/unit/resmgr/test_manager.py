@@ -134,6 +134,8 @@ def test_corrupt_checkpoint_refuses_to_start(node: Node) -> None:
     with pytest.raises(CheckpointError, match="is corrupt"):
         node.manager.start()
     assert not node.manager.plugin.sockets.registration.exists()
+    node.manager.stop()
+    assert node.manager.checkpoint.path.read_text() == "{}", "a refused checkpoint replaced"
 
 
 def test_switching_policy_with_claims_held_is_refused(tmp_path: Path) -> None:
@@ -464,11 +466,20 @@ class FailingAfterWrite:
 
     def __init__(self, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
         self.failing = False
-        real_sync, real_point = os.fdatasync, faults.crash_point
+        real_write, real_sync, real_point = os.pwrite, os.fdatasync, faults.crash_point
+        written: set[int] = set()
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            written.add(fd)
+            return real_write(fd, data, offset)
 
         def fdatasync(fd: int) -> None:
-            if self.failing and where == "sync":
+            # Only the sync of a write: the one before it (of what another process wrote)
+            # failing fails the commit with nothing written.
+            if self.failing and where == "sync" and fd in written:
+                written.discard(fd)
                 raise OSError(5, "Input/output error")
+            written.discard(fd)
             real_sync(fd)
 
         def crash_point(name: str) -> None:
@@ -476,6 +487,7 @@ class FailingAfterWrite:
                 raise RuntimeError(f"failed at {name}")
             real_point(name)
 
+        monkeypatch.setattr(os, "pwrite", pwrite)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
         monkeypatch.setattr(faults, "crash_point", crash_point)
 
@@ -576,6 +588,79 @@ def test_after_a_commit_that_failed_once_written_both_instances_agree(
             assert "CPU 5 is held by claim first" in str(answer.error)
         assert new.manager.plugin.node_prepare([first])["first"].error is None
         assert old.manager.policy.snapshot() == new.manager.policy.snapshot()
+    finally:
+        old.manager.stop()
+        new.manager.stop()
+
+
+# -- catching up with the other instance's commits (issue 40) ------------------------------------
+
+
+def rolling_update(tmp_path: Path) -> tuple[Node, Node]:
+    """Two started instances of the static policy sharing one node's directories."""
+    old, new = Node(tmp_path, "static"), Node(tmp_path, "static")
+    new.cluster = old.cluster
+    old.manager = old.new_manager("pod-old")
+    new.manager = new.new_manager("pod-new")
+    old.manager.start()
+    new.manager.start()
+    return old, new
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Overwrite ``path`` with ``data`` in place (same inode), as a slot write does."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_commit_read_half_written_is_taken_back_once_whole(tmp_path: Path) -> None:
+    """An instance reading without the instance lock (a runtime event, the status writer,
+    the orphan check) may read the other's commit while its slot is half copied: it works
+    from the commit before, and takes the new one back once it is whole, never remembering
+    the half-written one as seen (it would then act on stale books, and its next save would
+    erase the other's claim)."""
+    old, new = rolling_update(tmp_path)
+    try:
+        path = new.manager.checkpoint.path
+        before = path.read_bytes()
+        first = new.add_claim("first", results_for(new))  # cpu005
+        assert new.manager.plugin.node_prepare([first])["first"].error is None
+        after = path.read_bytes()
+        changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+        half = (changed[0] + changed[-1]) // 2
+        write_in_place(path, after[:half] + before[half:])  # the header is new, not the record
+        assert old.manager.committed_claims() == set(), "a half-written commit was read"
+        write_in_place(path, after)  # the write goes on to its end
+        assert old.manager.committed_claims() == {"first"}
+        clash = old.add_claim("clash", results_for(old))  # cpu005 again
+        assert "CPU 5 is held by claim first" in str(
+            old.manager.plugin.node_prepare([clash])["clash"].error
+        )
+        old.manager.stop()
+        assert "first" in new.saved_claims(), "the old instance's last save erased it"
+    finally:
+        old.manager.stop()
+        new.manager.stop()
+
+
+def test_a_checkpoint_moved_aside_does_not_stop_the_catching_up(tmp_path: Path) -> None:
+    """With no checkpoint at all for a moment (moved aside while both run), an instance
+    still notices the file the other one makes next, and takes its claims back."""
+    old, new = rolling_update(tmp_path)
+    try:
+        state_dir = new.manager.checkpoint.path.parent
+        aside = tmp_path / "aside"
+        state_dir.rename(aside)
+        state_dir.mkdir()
+        assert old.manager.committed_claims() == set()
+        first = new.add_claim("first", results_for(new))  # cpu005
+        assert new.manager.plugin.node_prepare([first])["first"].error is None
+        assert old.manager.committed_claims() == {"first"}
+        old.manager.stop()
+        assert "first" in new.saved_claims(), "the old instance's last save erased it"
     finally:
         old.manager.stop()
         new.manager.stop()

@@ -37,9 +37,9 @@ def test_writes_go_in_place_into_the_older_slot(slots: SlotFile) -> None:
     slots.write(b"third")
     assert slots.path.stat().st_ino == inode, "a write made a new file"
     data = slots.path.read_bytes()
-    # Sequence n goes into slot n % 2: the third over the first, the second beside it.
-    assert b"third" in data[MIN_SLOT_SIZE:]
-    assert b"second" in data[:MIN_SLOT_SIZE], "the record before the newest is kept"
+    # In turn: the first into slot 0, the second beside it, the third over the first.
+    assert b"third" in data[:MIN_SLOT_SIZE]
+    assert b"second" in data[MIN_SLOT_SIZE:], "the record before the newest is kept"
     assert b"first" not in data
 
 
@@ -68,6 +68,43 @@ def test_a_torn_newest_slot_leaves_the_record_before_it(slots: SlotFile) -> None
     assert slots.read() == b"retried"
     slots.write(b"after")
     assert slots.read() == b"after"
+
+
+def test_two_writes_cut_short_in_a_row_leave_the_last_whole_record(slots: SlotFile) -> None:
+    """The write after a torn one goes into the torn slot again, never over the only whole
+    record: a second write cut short by a power cut (the first after the restart) loses
+    only itself too."""
+    slots.write(b"acknowledged")
+    for attempt in (b"cut short", b"cut short again"):
+        SlotFile(slots.path).write(attempt)  # the process that wrote it is gone
+        tear_newest(slots, attempt)  # and the power cut kept its header only
+        assert SlotFile(slots.path).read() == b"acknowledged"
+    SlotFile(slots.path).write(b"after")
+    assert slots.read() == b"after"
+    assert b"acknowledged" in slots.path.read_bytes(), "the slot before the newest is kept"
+
+
+def test_writes_that_fail_half_way_again_and_again_keep_the_last_whole_record(
+    slots: SlotFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short write and then ENOSPC (a copy-on-write filesystem overwrites in place into
+    new blocks), several times in a row: every retry goes into the slot it tore."""
+    slots.write(b"acknowledged")
+    real = os.pwrite
+
+    def half_then_full(fd: int, data: Any, offset: int) -> int:
+        real(fd, bytes(data[: len(data) // 2]), offset)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", half_then_full)
+    for attempt in range(3):
+        with pytest.raises(OSError, match="No space left") as caught:
+            slots.write(b"attempt %d " % attempt * 500)
+        assert not isinstance(caught.value, durable.NotDurableError)
+        assert SlotFile(slots.path).read() == b"acknowledged"
+    monkeypatch.undo()
+    slots.write(b"space again")
+    assert SlotFile(slots.path).read() == b"space again"
 
 
 def test_a_write_cut_short_by_an_error_leaves_the_record_before_it(
@@ -139,9 +176,10 @@ def test_a_record_larger_than_a_slot_grows_the_file(slots: SlotFile) -> None:
 def test_the_header_names_sequence_length_and_checksum(slots: SlotFile) -> None:
     slots.write(b"abc")
     data = slots.path.read_bytes()
-    slot = data[MIN_SLOT_SIZE:]  # sequence 1 goes into slot 1
+    slot = data[:MIN_SLOT_SIZE]  # a new file's record goes into slot 0
     header = slot[:HEADER_SIZE]
     assert header.startswith(b"nodedra-slot 00000000000000000001 0000000003 ")
     assert header.endswith(b"\n")
     assert slot[HEADER_SIZE : HEADER_SIZE + 3] == b"abc"
-    assert slotfile._record(slot) == (1, b"abc")
+    assert slotfile._parse(slot).record == b"abc"
+    assert data[MIN_SLOT_SIZE:] == bytes(MIN_SLOT_SIZE), "the other slot is empty"
