@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from nodedra.lib import faults
-from nodedra.lib.durable import NotDurableError, replace_file
+from nodedra.lib.durable import NotDurableError, fsync_directory, replace_file
 
 HEADER_SIZE = 128
 """Bytes of a slot's header line (padded with spaces, ends in a newline)."""
@@ -218,9 +218,15 @@ class SlotFile:
         ) from err
 
     def _learn(self, fd: int, slot: int) -> _Known:
-        """Read both slots and make the newest whole one durable: the one to keep."""
+        """Read both slots and make the newest whole one durable: the one to keep.
+
+        The file's name too: the process that made it may have been killed before it
+        synced the directory, and what this one writes next (another file's rename, such
+        as the checkpoint's note) must not reach the disk without it.
+        """
         slots = (self._slot_at(fd, 0, slot), self._slot_at(fd, slot, slot))
         os.fdatasync(fd)
+        fsync_directory(self.path.parent)
         return _Known(_seen(os.fstat(fd).st_ino, slots), _newest(slots))
 
     def _slot_at(self, fd: int, start: int, slot: int) -> _Slot:
