@@ -266,9 +266,7 @@ class Runtime:
             return
         self.metrics.orphans.set(len(orphans))
         if orphans and self.settings.release_orphans:
-            refs = [ClaimRef("", "", uid) for uid in sorted(orphans)]
-            # As the kubelet would: under the lock shared with a rolling update's other pod.
-            for uid, error in self.manager.plugin.node_unprepare(refs).items():
+            for uid, error in self.manager.unprepare_orphans(orphans).items():
                 if error is None:
                     log.warning("released orphaned claim %s", uid)
 

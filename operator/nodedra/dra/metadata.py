@@ -201,20 +201,43 @@ class MetadataStore:
         A claim deleted and made again under its name may be prepared before the old one is
         unprepared: the files name their claim's UID, and only the old one's go. Their
         directories stay until the next sweep (``remove_emptied``).
+
+        A claim known by its UID alone (an orphan released whose checkpoint kept no name)
+        is looked for in every claim's directory, since the files name their UID: else
+        they would stay until the next start's sweep. That costs a read per claim held,
+        which only such a release pays. A ref without a UID names no file: "" is what an
+        unreadable file's UID reads as.
         """
-        claim_dir = self.claim_dir(ref.namespace, ref.name)
-        try:
-            requests = list(os.scandir(claim_dir))
-        except FileNotFoundError:
+        if not ref.uid:
             return
-        for entry in requests:
-            path = Path(entry.path) / FILE_NAME
-            if entry.is_dir() and _uid_of(path) == ref.uid:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        self._emptied.add(claim_dir)
-        with self._sweep:
-            self._sweep.notify()
+        named = bool(ref.namespace and ref.name)
+        claim_dirs = [self.claim_dir(ref.namespace, ref.name)] if named else self._claim_dirs()
+        emptied = False
+        for claim_dir in claim_dirs:
+            try:
+                requests = list(os.scandir(claim_dir))
+            except FileNotFoundError:
+                continue
+            found = False
+            for entry in requests:
+                path = Path(entry.path) / FILE_NAME
+                if entry.is_dir() and _uid_of(path) == ref.uid:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                    found = True
+            if named or found:
+                self._emptied.add(claim_dir)
+                emptied = True
+        if emptied:
+            with self._sweep:
+                self._sweep.notify()
+
+    def _claim_dirs(self) -> list[Path]:
+        """The directories of every claim with files here."""
+        try:
+            return [Path(entry.path) for entry in os.scandir(self._directory) if entry.is_dir()]
+        except FileNotFoundError:
+            return []
 
     def remove_emptied(self) -> None:
         """Remove the directories removals left empty (holding what a write holds)."""
@@ -267,12 +290,8 @@ class MetadataStore:
     def remove_unheld(self, held: frozenset[str]) -> list[str]:
         """Remove the files of claims not in ``held`` (a crash left them); their claims."""
         removed: list[str] = []
-        try:
-            claims = [entry for entry in os.scandir(self._directory) if entry.is_dir()]
-        except FileNotFoundError:
-            return removed
-        for entry in claims:
-            removed += self._remove_files(Path(entry.path), lambda uid: uid not in held)
+        for claim_dir in self._claim_dirs():
+            removed += self._remove_files(claim_dir, lambda uid: uid not in held)
         return removed
 
     def remove_leftovers(self) -> list[str]:

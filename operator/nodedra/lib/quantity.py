@@ -29,10 +29,22 @@ _SUFFIXES = {
     "Ei": Fraction(2**60),
 }
 # ASCII digits only ([0-9], not \d, which takes any Unicode digit), as the API's grammar says.
+# Each digit has one place in the number: the integer part, or the fraction after the point.
+# ("[0-9]+\.?[0-9]*" could split a run of digits between its two parts in every way, and
+# tried each of them before refusing what follows the run: quadratic in the run's length,
+# seconds for a few thousand digits, under the lock claims are prepared under.)
 _QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))"
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?"
 )
+MAX_LENGTH = 64
+"""The longest quantity string taken, in characters, blanks around it included.
+
+What the API server stores is a quantity's canonical form, digits and a suffix: any int64
+with a sign and a two-letter suffix takes at most 22 characters, and one written by hand in
+the configuration file ("1.5Gi", "0.25") is rarely longer. 64 takes all of them with room
+to spare, and bounds what the grammar, ``Fraction`` and ``int`` are handed: a claim's
+capacities come from whoever wrote the claim."""
 MAX_EXPONENT = 64
 """The largest decimal exponent taken: far beyond any count of CPUs or bytes, and small
 enough that computing ``10**exponent`` exactly cannot take the process down ("1e999999999")."""
@@ -44,6 +56,11 @@ def parse_quantity(text: str | int) -> Fraction:
         return Fraction(text)
     if not isinstance(text, str):
         raise ValueError(f"not a quantity: {text!r}")
+    if len(text) > MAX_LENGTH:
+        raise ValueError(
+            f"not a quantity: {text[:MAX_LENGTH]!r}... ({len(text)} characters; a quantity "
+            f"has at most {MAX_LENGTH})"
+        )
     match = _QUANTITY.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"not a quantity: {text!r}")

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
 
-from nodedra.dra import AllocationResult, ClusterAPI, Options, Plugin, PluginSettings, driver_name
+from nodedra.dra import (
+    AllocationResult,
+    ClaimRef,
+    ClusterAPI,
+    Options,
+    Plugin,
+    PluginSettings,
+    driver_name,
+)
 from nodedra.dra.claims import claim_ref
 from nodedra.lib import faults
 from nodedra.nri import PINNING_MODES, NRIPlugin, PluginOptions
@@ -246,6 +254,29 @@ class ResourceManager:
     def holds_claim(self, uid: str) -> bool:
         """Whether the policy holds claim ``uid``: committed, or in the batch under way."""
         return uid in self._policy.claim_uids()
+
+    # Claims the kubelet will not unprepare ---------------------------------------------
+
+    def unprepare_orphans(self, uids: Iterable[str]) -> dict[str, Exception | None]:
+        """Unprepare claims ``uids``, whose ResourceClaims are gone, as the kubelet would.
+
+        The kubelet names a claim by namespace, name and UID, and its device metadata lives
+        under the first two: each claim is named as its reservation (kept in the checkpoint)
+        says, read under the lock after catching up, and by its UID alone where none says
+        (a claim of a checkpoint from before reservations were kept), which the stores
+        remove by too. Each claim's answer by UID: None, or why it failed.
+        """
+        with self:
+            refs = [self._claim_ref(uid) for uid in sorted(uids)]
+        # As a kubelet request: under the lock shared with a rolling update's other pod.
+        return self.plugin.node_unprepare(refs)
+
+    def _claim_ref(self, uid: str) -> ClaimRef:
+        """Claim ``uid`` as fully named as its reservation knows (lock held)."""
+        reservation = self._reservations.get(uid)
+        if reservation is None:
+            return ClaimRef("", "", uid)
+        return ClaimRef(reservation.namespace, reservation.name, uid)
 
     # The runtime connection ------------------------------------------------------------
 

@@ -297,7 +297,7 @@ class Pinning:
         for update in updates:
             known = self.containers.get(update.container_id)
             if known is not None:
-                known.told = merged(known.told or CPUSet(""), update.cpuset)
+                known.told = applied(known.told, update.cpuset)
 
     def sent(self, updates: Iterable[Update], failed: Iterable[str] = ()) -> None:
         """The runtime applied ``updates`` of :meth:`stale_to_send`, except for ``failed``.
@@ -305,7 +305,9 @@ class Pinning:
         An update computed before the books changed may be out of date, and may have been
         applied after an event's answer from the newer books: what the container runs with
         is then unknown, and it is sent what it should have once more. (Without a change
-        of the books an event decides as the update did.)
+        of the books an event decides as the update did.) That update, computed from the
+        books as they are, makes it known again once applied: left unknown, the container
+        would be sent its cpuset again after every commit, and shown as behind for good.
         """
         missed = set(failed)
         for update in updates:
@@ -316,8 +318,8 @@ class Pinning:
             if computed != self.generation:
                 known.told = None
                 self.behind = True
-            elif update.container_id not in missed and known.told is not None:
-                known.told = merged(known.told, update.cpuset)
+            elif update.container_id not in missed:
+                known.told = applied(known.told, update.cpuset)
         if missed:
             self.behind = True
 
@@ -359,3 +361,15 @@ def _parsed(cpu_list: str) -> frozenset[int] | None:
 def merged(current: CPUSet, change: CPUSet) -> CPUSet:
     """``current`` after ``change`` (an empty field of a change leaves it as it was)."""
     return CPUSet(change.cpus or current.cpus, change.mems or current.mems)
+
+
+def applied(told: CPUSet | None, change: CPUSet) -> CPUSet:
+    """What a container runs with once the runtime applied ``change``, as far as we know.
+
+    Every place that learns of an applied change goes through here, so that a cpuset
+    unknown (None) becomes known again however it is learnt. A field ``change`` sets is
+    known from then on; an empty one left the container's as it was, which stays unknown
+    ("") when nothing was known before: ``same`` never takes an unknown field for a wanted
+    one, so a container is never thought to have memory nodes it was not told.
+    """
+    return merged(told or CPUSet(""), change)

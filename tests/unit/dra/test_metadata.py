@@ -193,6 +193,25 @@ def test_removal_leaves_a_namesakes_files_and_the_sweep_keeps_the_held(
     assert mode == 0o644, "containers may run as any user"
 
 
+def test_a_claim_known_by_its_uid_alone_has_its_files_removed_wherever_they_are(
+    store: MetadataStore,
+) -> None:
+    """An orphan released from a checkpoint that kept no name: its files name its UID."""
+    old, new, other = REF, ClaimRef(REF.namespace, REF.name, "uid-2"), ClaimRef("b", "c", "u3")
+    store.write(store.claim_metadata(old, claim_of(old), results(("a", "cpu0")), [{}]))
+    store.write(store.claim_metadata(new, claim_of(new), results(("b", "cpu1")), [{}]))
+    store.write(store.claim_metadata(other, claim_of(other), results(("a", "cpu2")), [{}]))
+    (store.claim_dir("b", "c") / "unreadable").mkdir()
+    (store.claim_dir("b", "c") / "unreadable" / "metadata.json").write_text("{")
+    store.remove_claim(ClaimRef("", "", "uid-1"))
+    assert sorted(store.claim_uids()) == ["", "u3", "uid-2"], "uid-1's files are gone"
+    store.remove_claim(ClaimRef("", "", ""))
+    assert sorted(store.claim_uids()) == ["", "u3", "uid-2"], "no UID: no file of a claim"
+    store.remove_emptied()
+    claim_dir = store.claim_dir(REF.namespace, REF.name)
+    assert sorted(p.name for p in claim_dir.iterdir()) == ["b"], "its directory went too"
+
+
 # --- in a prepare and an unprepare ----------------------------------------------------
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodedra.lib.quantity import parse_quantity, whole_positive
+from nodedra.lib import quantity
+from nodedra.lib.quantity import MAX_LENGTH, parse_quantity, whole_positive
 from nodedra.policy.config import ConfigError, load_config, parse_config
 from nodedra.policy.ledger import Grant, Ledger, PolicyError, env_suffix, grant_edits
 
@@ -26,6 +27,10 @@ from nodedra.policy.ledger import Grant, Ledger, PolicyError, env_suffix, grant_
         ("+3", 3),
         ("-1", -1),
         ("2k", 2000),
+        ("1.", 1),
+        (".5", Fraction(1, 2)),
+        (" 2 ", 2),
+        ("1" * MAX_LENGTH, int("1" * MAX_LENGTH)),
         (7, 7),
     ],
 )
@@ -37,6 +42,36 @@ def test_parse_quantity(text: str | int, value: Fraction | int) -> None:
 def test_parse_quantity_refuses(text: object) -> None:
     with pytest.raises(ValueError, match="not a quantity"):
         parse_quantity(text)  # type: ignore[arg-type]
+
+
+def test_a_quantity_longer_than_any_is_refused_by_its_length() -> None:
+    """A long run of digits is refused before the grammar, ``Fraction`` or ``int`` see it,
+    and the message does not carry the whole of it."""
+    text = "1" * 200_000 + "x"
+    with pytest.raises(ValueError, match=r"\(200001 characters; a quantity has at most 64\)"):
+        parse_quantity(text)
+    with pytest.raises(ValueError, match="not a quantity") as caught:
+        parse_quantity("1" * (MAX_LENGTH + 1))
+    assert len(str(caught.value)) < 2 * MAX_LENGTH + 60
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1" * 200_000 + "x",
+        "1" * 200_000 + ".5x",
+        "." + "1" * 200_000 + "x",
+        "1e" + "1" * 200_000 + "x",
+    ],
+)
+def test_the_grammar_refuses_a_long_digit_run_in_one_pass(text: str) -> None:
+    """Whatever the length bound, the grammar takes time linear in its input.
+
+    One that could split a run of digits between two parts in every way tried each split
+    before refusing what follows: 200,000 digits then take it some half an hour, far beyond
+    the test run's timeout, and a few thousand take seconds.
+    """
+    assert quantity._QUANTITY.fullmatch(text) is None
 
 
 @pytest.mark.parametrize("text", ["0", "-2", "1500m", "0.5"])

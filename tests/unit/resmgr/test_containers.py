@@ -237,6 +237,8 @@ def test_an_update_that_crosses_a_newer_decision_is_sent_again(node: Node) -> No
     assert node.pinner.pending_updates() == [Update("ctr-p", with_claim)]
     assert not node.pinner.updates_sent([Update("ctr-p", with_claim)], [])
     assert node.pinner.pending_updates() == []
+    node.pinner.pinning.books_changed()  # a later commit that changes nothing for it
+    assert node.pinner.pending_updates() == [], "the newest decision, applied, is known"
 
 
 def test_a_container_first_seen_at_its_start_is_moved_where_it_belongs(node: Node) -> None:

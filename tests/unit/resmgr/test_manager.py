@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -77,14 +78,15 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
     n.manager.stop()
 
 
-def results_for(node: Node) -> list[dict[str, Any]]:
+def results_for(node: Node, cpu: str = "cpu005") -> list[dict[str, Any]]:
+    """One result: 2 CPUs of NUMA node 0 (topology-aware), or CPU ``cpu`` (static)."""
     if node.policy_name == "topology-aware":
         return [
             result(
                 "req", "cpudevnuma000", driver=node.driver, pool=NODE, consumedCapacity={"cpu": "2"}
             )
         ]
-    return [result("req", "cpu005", driver=node.driver, pool=NODE)]
+    return [result("req", cpu, driver=node.driver, pool=NODE)]
 
 
 def test_prepare_unprepare_end_to_end(node: Node) -> None:
@@ -124,6 +126,30 @@ def test_restart_restores_claims_and_sweeps_orphan_specs(node: Node) -> None:
     assert node.specs() == sorted([f"{node.driver}-device_u1.yaml", foreign.name])
     again = node.manager.plugin.node_prepare([ref])["u1"]
     assert again == first
+
+
+def test_an_orphan_released_leaves_no_device_metadata(node: Node) -> None:
+    """Its files live under the claim's namespace and name, which its reservation in the
+    checkpoint knows; a claim the checkpoint kept no name for goes by its UID."""
+    node.manager.start()
+    refs = [
+        node.add_claim(u, results_for(node, c)) for u, c in (("u1", "cpu005"), ("u2", "cpu006"))
+    ]
+    answers = node.manager.plugin.node_prepare(refs)
+    assert [a.error for a in answers.values()] == [None, None]
+    assert sorted(node.manager.plugin.metadata.claim_uids()) == ["u1", "u2"]
+    node.manager.stop()
+    state = node.manager.checkpoint.load()
+    assert state is not None
+    assert sorted(state.reservations) == ["u1", "u2"]
+    unnamed = {uid: r for uid, r in state.reservations.items() if uid != "u2"}
+    node.manager.checkpoint.save(dataclasses.replace(state, reservations=unnamed))
+    node.manager = node.new_manager()  # a restart: the names come from the checkpoint
+    node.manager.start()
+    assert node.manager.unprepare_orphans({"u1", "u2"}) == {"u1": None, "u2": None}
+    assert node.manager.plugin.metadata.claim_uids() == {}
+    assert node.specs() == []
+    assert node.saved_claims() == {}
 
 
 def test_corrupt_checkpoint_refuses_to_start(node: Node) -> None:

@@ -95,6 +95,55 @@ def test_only_containers_behind_what_they_should_have_are_updated() -> None:
     assert books.stale_to_send(BOOKS) == [Update("c1", CPUSet("0-3,6-29,31-55"))]
 
 
+def test_a_crossed_update_is_known_again_once_a_current_one_is_applied() -> None:
+    """An update computed before the books changed leaves its container's cpuset unknown;
+    the next one, computed from the books as they are and applied, makes it known again.
+
+    The claim's container is sent its CPUs and memory nodes, the shared one its CPUs only:
+    its memory nodes stay unknown (""), which ``same`` never takes for wanted ones.
+    """
+    books = pinning()
+    holder = Container(
+        "c1", POD.id, "main", (f"{DRIVER}/device=claim-{UID}-0",), frozenset(), CPUSet("")
+    )
+    shared = Container("c2", POD.id, "side", (), frozenset(), CPUSet(""))
+    for ctr in (holder, shared):
+        books.track(POD, ctr, books.decide(POD, ctr, BOOKS), CPUSet("0-55"))
+    books.books_changed()  # a prepare commits: both are behind
+    crossed = books.stale_to_send(BOOKS)
+    assert len(crossed) == 2
+    books.books_changed()  # another commit while the sender's updates travel
+    books.sent(crossed)
+    assert [v.told for v in books.view(BOOKS)] == [None, None], "either may be applied last"
+    current = books.stale_to_send(BOOKS)
+    assert len(current) == 2
+    books.sent(current)
+    views = {v.container.id: v for v in books.view(BOOKS)}
+    assert views["c1"].told == CPUSet("4-5", "0")
+    assert views["c2"].told == CPUSet("0-3,6-29,31-55"), "its memory nodes: still unknown"
+    assert all(v.in_sync for v in views.values()), "no update pending any more"
+    books.books_changed()  # a later commit that changes nothing for them
+    assert books.stale(BOOKS) == [], "not resent on every commit"
+
+
+def test_a_failed_or_crossed_update_leaves_what_was_known() -> None:
+    """Only an update the runtime applied, computed from the books as they are, is known."""
+    books = pinning()
+    shared = container()
+    books.track(POD, shared, books.decide(POD, shared, BOOKS), CPUSet("0-55"))
+    books.books_changed()
+    crossed = books.stale_to_send(BOOKS)
+    books.books_changed()
+    books.sent(crossed)
+    failed = books.stale_to_send(BOOKS)
+    books.sent(failed, failed=["c1"])
+    assert books.view(BOOKS)[0].told is None, "a failed update says nothing"
+    assert books.behind
+    (answer,) = books.stale(BOOKS)  # an event's answer carries it: known from the books now
+    books.told([answer])
+    assert books.view(BOOKS)[0].in_sync
+
+
 def test_cpu_lists_are_compared_as_sets() -> None:
     assert same(CPUSet("0-3"), CPUSet("0,1,2,3", "0"))
     assert not same(CPUSet("0-3", "1"), CPUSet("0-3", "0"))
