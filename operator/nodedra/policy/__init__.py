@@ -8,7 +8,7 @@ from nodedra.topology.model import Topology
 
 from .base import ExclusiveCPUPolicy, Policy, PolicyHost
 from .config import POLICIES, ConfigError, PolicyConfig, load_config, parse_config
-from .ledger import Grant, PolicyError
+from .ledger import Grant, PolicyError, Shortfall
 from .static import StaticPolicy
 from .topology_aware import TopologyAwarePolicy
 
@@ -32,6 +32,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyError",
     "PolicyHost",
+    "Shortfall",
     "StaticPolicy",
     "TopologyAwarePolicy",
     "load_config",

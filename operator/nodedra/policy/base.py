@@ -3,8 +3,8 @@
 A policy decides which devices exist and what a claim gets. The flow around that decision
 is the same for every policy that hands out exclusive CPUs: a claim seen before gets the
 same answer and nothing more; a new claim gets all of its results or nothing; releasing an
-unknown claim is a no-op; a reconfiguration may not take CPUs that claims hold. Subclasses
-say only what their devices are and how one result is granted.
+unknown claim is a no-op; a reconfiguration may not take CPUs (or huge pages) that claims
+hold. Subclasses say only what their devices are and how one result is granted.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from nodedra.topology.model import Topology
 
 from . import hugepages
 from .config import PolicyConfig
-from .ledger import Grant, Ledger, PolicyError, grant_edits, results_named
+from .ledger import Grant, Ledger, PolicyError, Shortfall, grant_edits, results_named
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -102,6 +102,10 @@ class Policy(Protocol):
         """CPUs held by claims and grantable CPUs free, per NUMA node."""
         ...
 
+    def shortfalls(self) -> list[Shortfall]:
+        """Claims holding capacity their devices do not offer now (a boot with fewer pages)."""
+        ...
+
     def online_cpus(self) -> frozenset[int]:
         """Every CPU of the node that is online, reserved or not."""
         ...
@@ -177,8 +181,12 @@ class ExclusiveCPUPolicy(ABC):
         """
 
     @abstractmethod
-    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        """Whether ``grant`` is what ``result`` asks for (for a claim seen before)."""
+    def _mismatch(self, result: AllocationResult, grant: Grant) -> str | None:
+        """How ``grant`` (of a claim seen before) is not what ``result`` asks for; None if it is.
+
+        ``result`` is of ``grant``'s device. The answer says what changed, for the kubelet's
+        error: the claim's containers cannot start until someone acts on it.
+        """
 
     def _check_node_config(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
         """Refuse what this node cannot take of ``config``; a hook for subclasses."""
@@ -201,6 +209,21 @@ class ExclusiveCPUPolicy(ABC):
     def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
         """Whether ``grant`` is of a kind ``config`` grants; a hook for subclasses."""
         return True
+
+    def _check_offered(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
+        """Refuse ``config`` if it would offer less of a capacity than claims hold.
+
+        Only less than the configuration in force offers: what a boot took already (see
+        :meth:`shortfalls`) must not block every other change. A hook for subclasses.
+        """
+
+    def shortfalls(self) -> list[Shortfall]:
+        """Claims holding capacity their devices do not offer now; a hook for subclasses.
+
+        None where devices offer no capacity beyond their CPUs (CPUs that are not online
+        any more are a warning of :meth:`restore`).
+        """
+        return []
 
     # The flow --------------------------------------------------------------------------
 
@@ -270,7 +293,7 @@ class ExclusiveCPUPolicy(ABC):
         self._ledger.remove(uid)
 
     def reconfigure(self, config: PolicyConfig) -> None:
-        """Take ``config`` unless it reserves CPUs claims hold; then republish."""
+        """Take ``config`` unless it takes what claims hold (CPUs, huge pages); republish."""
         if config.policy != self.name:
             raise PolicyError(
                 f"configuration is for policy {config.policy}, this is {self.name}: "
@@ -284,6 +307,7 @@ class ExclusiveCPUPolicy(ABC):
                 f"can't reserve CPUs {format_cpu_list(held)}: held by claims "
                 f"{sorted(set(held.values()))}"
             )
+        self._check_offered(checked)
         self._use(checked)
         if self._host is not None:
             self._host.publish_devices(self.devices())
@@ -340,11 +364,16 @@ class ExclusiveCPUPolicy(ABC):
         if len(results) != len(grants):
             raise PolicyError(f"was prepared with {len(grants)} results, now has {len(results)}")
         for index, (result, grant) in enumerate(zip(results, grants, strict=True)):
-            if result.device != grant.device or not self._matches(result, grant):
+            if result.device != grant.device:
+                why: str | None = f"differs from what it was prepared with: device {grant.device}"
+            else:
+                try:
+                    why = self._mismatch(result, grant)
+                except PolicyError as err:  # the result is not one the policy can read now
+                    why = str(err)
+            if why is not None:
                 raise PolicyError(
-                    f"result {index} (request {result.request}, device {result.device}) "
-                    f"differs from what it was prepared with: device {grant.device}, "
-                    f"{len(grant.cpus)} CPUs, {grant.memory} bytes"
+                    f"result {index} (request {result.request}, device {result.device}): {why}"
                 )
 
     def _check_config(self, config: PolicyConfig) -> PolicyConfig:
