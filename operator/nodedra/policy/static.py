@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 from nodedra.topology.cpulist import format_cpu_list
 
 from . import allocatable, consumed
-from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
+from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
+from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult

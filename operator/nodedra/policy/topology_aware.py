@@ -35,10 +35,11 @@ from nodedra.lib.quantity import binary_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
 from . import allocatable, consumed, hugepages
-from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
+from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, Ledger, PolicyError, Shortfall
 from .picker import pick_cpus
+from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
