@@ -2,8 +2,9 @@
 
 Metrics are Prometheus metrics on their own registry, served over HTTP: kubelet requests
 (counts, errors, latency), what is published, what claims hold, free and allocated CPUs per
-NUMA node, claims gone from the API, configuration reloads. Logs are lines of text or JSON;
-every line about a claim carries its UID, namespace and name as fields.
+NUMA node, claims gone from the API, claims holding what the node no longer offers,
+configuration reloads. Logs are lines of text or JSON; every line about a claim carries its
+UID, namespace and name as fields.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class NodeUsage:
     """None when pinning is off."""
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     """API server feature gate -> on, for the gates probed so far."""
+    capacity_missing: Mapping[str, int] = field(default_factory=dict)
+    """Device capacity (``hugepages_1Gi``) -> claims holding more of it than their devices
+    offer now (a boot with fewer huge pages)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,15 @@ class _UsageCollector(Collector):
         for gate, on in sorted(usage.feature_gates.items()):
             gates.add_metric([gate], int(on))
         yield gates
+        missing = GaugeMetricFamily(
+            "nodedra_claims_capacity_missing",
+            "Claims holding capacity their device does not offer now (huge pages a boot took), "
+            "by capacity: kept, and named in the log and a Node Event.",
+            labels=["capacity"],
+        )
+        for capacity, claims in sorted(usage.capacity_missing.items()):
+            missing.add_metric([capacity], claims)
+        yield missing
         pinning = usage.pinning
         if pinning is None:
             return

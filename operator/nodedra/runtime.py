@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from nodedra.claims import ClaimFeed, ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
 from nodedra.dra.requests import FETCH_WORKERS
+from nodedra.nodeevents import NodeEvents
 from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
-from nodedra.policy import PolicyConfig, load_config, make_policy
+from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
 from nodedra.status import cpu_map as node_cpu_map
@@ -102,6 +103,34 @@ def initial_config(settings: Settings, topology: Topology) -> PolicyConfig:
     return PolicyConfig(reserved_cpus=reserved)
 
 
+def report_shortfalls(shortfalls: Sequence[Shortfall], events: NodeEvents) -> None:
+    """Name each claim that holds what the node no longer offers: a warning, a Node Event.
+
+    After a start: a boot with a smaller huge page pool leaves claims in the checkpoint
+    holding pages the node does not have. They are kept (their pods may run, and nodedra
+    never drops state silently), and someone must act: give the node its pages back, or
+    release the claims. The metric ``nodedra_claims_capacity_missing`` says how many are left.
+    """
+    for shortfall in shortfalls:
+        note = (
+            f"{shortfall}. The claim is kept, but its containers may not get what it holds: "
+            "give the node its pages back, or release the claim"
+        )
+        log.warning("%s", note)
+        reason = (
+            "HugePagesMissing" if shortfall.capacity.startswith("hugepages") else "CapacityMissing"
+        )
+        events.warning(reason, "KeepClaim", note)
+
+
+def claims_short(shortfalls: Sequence[Shortfall]) -> dict[str, int]:
+    """Capacity -> how many claims hold more of it than their devices offer now."""
+    claims: dict[str, set[str]] = {}
+    for shortfall in shortfalls:
+        claims.setdefault(shortfall.capacity, set()).add(shortfall.uid)
+    return {capacity: len(uids) for capacity, uids in claims.items()}
+
+
 class Runtime:
     """nodedra on one node."""
 
@@ -118,6 +147,7 @@ class Runtime:
         self.api_client = api_client or kube_client(settings)
         self.server_version = check_api_server(self.api_client)
         api = KubeClusterAPI(self.api_client)
+        self.events = NodeEvents(api, settings.node_name, self.driver)
         self.metrics = Metrics(self.usage)
         self.index = ClaimIndex(self.driver, settings.node_name)
         observers = Observers(self.metrics)
@@ -193,6 +223,9 @@ class Runtime:
             self.settings.node_name,
             self.server_version,
         )
+        with self.manager:  # what the policy took back from the checkpoint
+            shortfalls = self.manager.policy.shortfalls()
+        report_shortfalls(shortfalls, self.events)  # API calls: outside the lock
 
     def stop(self) -> None:
         """Stop serving and save state; the ResourceSlices stay."""
@@ -295,6 +328,7 @@ class Runtime:
                     container_errors=containers.pinning.invalid_total + containers.errors,
                 ),
                 feature_gates=self.manager.plugin.feature_gates(),
+                capacity_missing=claims_short(policy.shortfalls()),
             )
         finally:
             self.manager.release()

@@ -724,6 +724,7 @@ ALLOWED = [
         "namespace": "any",
     },
     {"group": "", "resource": "nodes", "verb": "get", "name": "any"},
+    {"group": "events.k8s.io", "resource": "events", "verb": "create", "namespace": "default"},
 ]
 DENIED = [
     {"group": "", "resource": "secrets", "verb": "get", "namespace": "nodedra"},
@@ -781,6 +782,8 @@ DENIED = [
     {"group": "apiextensions.k8s.io", "resource": "customresourcedefinitions", "verb": "list"},
     {"group": "coordination.k8s.io", "resource": "leases", "verb": "create", "namespace": "x"},
     {"group": "", "resource": "events", "verb": "create", "namespace": "x"},
+    {"group": "events.k8s.io", "resource": "events", "verb": "update", "namespace": "default"},
+    {"group": "events.k8s.io", "resource": "events", "verb": "list", "namespace": "default"},
     {"group": "*", "resource": "*", "verb": "*"},
     {"group": GROUP, "resource": "*", "verb": "*"},
 ]

@@ -38,6 +38,10 @@ def loaded_by(module: str) -> set[str]:
         ),
         ("nodedra.resmgr", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
         ("nodedra.claims", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
+        (
+            "nodedra.nodeevents",
+            {"nodedra.handlers", "nodedra.runtime", "nodedra.resmgr", "nodedra.policy", "kopf"},
+        ),
         ("nodedra.status", {"nodedra.handlers", "nodedra.runtime", "nodedra.cli", "kopf"}),
         (
             # `nodedra status` reads the map over HTTP: none of what serves it.

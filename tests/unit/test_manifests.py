@@ -39,6 +39,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("resource.k8s.io", "resourceclaims/status"): {"patch"},
     ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
     ("", "nodes"): {"get"},
+    ("events.k8s.io", "events"): {"create"},
 }
 
 #: Environment variables the DaemonSet must set, with their values (None: from fieldRef).

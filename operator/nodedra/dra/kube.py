@@ -5,8 +5,9 @@ the REST API use. The official client's typed models would silently drop any fie
 not know, such as alpha device fields a newer API server serves, so every call here goes
 through the client's transport and returns the JSON the server sent.
 
-:class:`ClusterAPI` is the protocol the plugin needs; :class:`KubeClusterAPI` implements it
-on a ``kubernetes.client.ApiClient``.
+:class:`ClusterAPI` is the protocol the plugin needs (and beside it the claim status writer
+and the Events recorded on the node); :class:`KubeClusterAPI` implements it on a
+``kubernetes.client.ApiClient``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ RESOURCE_VERSION = "v1"
 RESOURCE_API_VERSION = f"{RESOURCE_GROUP}/{RESOURCE_VERSION}"
 """The ``apiVersion`` of ResourceSlices and ResourceClaims as nodedra reads and writes them."""
 RESOURCE_API = f"/apis/{RESOURCE_API_VERSION}"
+EVENTS_API_VERSION = "events.k8s.io/v1"
+"""The ``apiVersion`` of the Events nodedra records."""
 REQUEST_TIMEOUT = 30.0
 """Seconds one API call may take; the kubelet gives a whole prepare call 45 s."""
 
@@ -89,6 +92,10 @@ class ClusterAPI(Protocol):
         """
         ...
 
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Record an Event (``events.k8s.io/v1``, ``body``) in ``namespace``."""
+        ...
+
 
 class KubeClusterAPI:
     """:class:`ClusterAPI` on the official client's ``ApiClient`` (auth, TLS, retries)."""
@@ -145,6 +152,9 @@ class KubeClusterAPI:
             fieldManager=field_manager,
             force="true",
         )
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        return self._call("POST", f"/apis/{EVENTS_API_VERSION}/namespaces/{namespace}/events", body)
 
     def _call(
         self,

@@ -6,9 +6,10 @@ manager, which hosts it and makes its decisions durable.
 
 from nodedra.topology.model import Topology
 
-from .base import ExclusiveCPUPolicy, Policy, PolicyHost
+from .base import ExclusiveCPUPolicy
 from .config import POLICIES, ConfigError, PolicyConfig, load_config, parse_config
-from .ledger import Grant, PolicyError
+from .ledger import Grant, PolicyError, Shortfall
+from .protocol import Policy, PolicyHost
 from .static import StaticPolicy
 from .topology_aware import TopologyAwarePolicy
 
@@ -32,6 +33,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyError",
     "PolicyHost",
+    "Shortfall",
     "StaticPolicy",
     "TopologyAwarePolicy",
     "load_config",

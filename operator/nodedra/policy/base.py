@@ -1,10 +1,10 @@
-"""What both policies share: the Policy protocol and the exclusive-CPU allocation flow.
+"""What both policies share: the exclusive-CPU allocation flow (the protocol: protocol.py).
 
 A policy decides which devices exist and what a claim gets. The flow around that decision
 is the same for every policy that hands out exclusive CPUs: a claim seen before gets the
 same answer and nothing more; a new claim gets all of its results or nothing; releasing an
-unknown claim is a no-op; a reconfiguration may not take CPUs that claims hold. Subclasses
-say only what their devices are and how one result is granted.
+unknown claim is a no-op; a reconfiguration may not take CPUs (or huge pages) that claims
+hold. Subclasses say only what their devices are and how one result is granted.
 """
 
 from __future__ import annotations
@@ -12,107 +12,20 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
 
 from . import hugepages
 from .config import PolicyConfig
-from .ledger import Grant, Ledger, PolicyError, grant_edits, results_named
+from .ledger import Grant, Ledger, PolicyError, Shortfall, grant_edits, results_named
+from .protocol import Attributes, Device, Edits, PolicyHost
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
 
 log = logging.getLogger(__name__)
-
-Device = dict[str, Any]
-Edits = dict[str, Any]
-Attributes = dict[str, dict[str, object]]
-"""A device's attributes as a ResourceSlice has them: name -> {"int": 0} (or string...)."""
-
-NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
-"""The standard device attribute naming a device's NUMA node (both policies publish it)."""
-
-
-class PolicyHost(Protocol):
-    """What a policy asks of whoever hosts it (the resource manager)."""
-
-    def publish_devices(self, devices: Sequence[Mapping[str, Any]]) -> None:
-        """Replace the published devices. Called with the owner's lock held."""
-        ...
-
-
-class Policy(Protocol):
-    """A policy as the resource manager and the plugin use it."""
-
-    @property
-    def name(self) -> str:
-        """The policy's name; the DRA driver is named after it."""
-        ...
-
-    @property
-    def config(self) -> PolicyConfig:
-        """The configuration in force."""
-        ...
-
-    def devices(self) -> list[Device]:
-        """The devices to publish now, in ResourceSlice JSON."""
-        ...
-
-    def start(self, host: PolicyHost, claims: Mapping[str, Any]) -> None:
-        """Take back the claims of a checkpoint (``snapshot()``'s form), then publish."""
-        ...
-
-    def restore(self, claims: Mapping[str, Any]) -> None:
-        """Replace the claims held with those of a checkpoint (``snapshot()``'s form)."""
-        ...
-
-    def allocate_claim(
-        self, claim: Mapping[str, Any], results: Sequence[AllocationResult]
-    ) -> list[Edits]:
-        """Grant ``claim``'s results; one CDI container edit per result."""
-        ...
-
-    def result_attributes(self, uid: str) -> list[Attributes]:
-        """What each result of claim ``uid`` (held) tells its containers: device metadata."""
-        ...
-
-    def release_claim(self, uid: str) -> None:
-        """Give back what claim ``uid`` holds; unknown claims are fine."""
-        ...
-
-    def reconfigure(self, config: PolicyConfig) -> None:
-        """Take a new configuration, or refuse it (PolicyError) and keep the old one."""
-        ...
-
-    def snapshot(self) -> dict[str, Any]:
-        """The claims held, as JSON for the checkpoint."""
-        ...
-
-    def claim_uids(self) -> frozenset[str]:
-        """The UIDs of the claims held."""
-        ...
-
-    def grants(self, uid: str) -> tuple[Grant, ...]:
-        """What claim ``uid`` holds, one grant per result (KeyError if nothing)."""
-        ...
-
-    def usage(self) -> tuple[dict[int, int], dict[int, int]]:
-        """CPUs held by claims and grantable CPUs free, per NUMA node."""
-        ...
-
-    def online_cpus(self) -> frozenset[int]:
-        """Every CPU of the node that is online, reserved or not."""
-        ...
-
-    def allocated_cpus(self) -> frozenset[int]:
-        """Every CPU a claim holds."""
-        ...
-
-    def results_in_environment(self, names: Iterable[str]) -> dict[str, frozenset[int]]:
-        """The claims and result indexes that environment variables ``names`` stand for."""
-        ...
 
 
 class ExclusiveCPUPolicy(ABC):
@@ -177,8 +90,12 @@ class ExclusiveCPUPolicy(ABC):
         """
 
     @abstractmethod
-    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        """Whether ``grant`` is what ``result`` asks for (for a claim seen before)."""
+    def _mismatch(self, result: AllocationResult, grant: Grant) -> str | None:
+        """How ``grant`` (of a claim seen before) is not what ``result`` asks for; None if it is.
+
+        ``result`` is of ``grant``'s device. The answer says what changed, for the kubelet's
+        error: the claim's containers cannot start until someone acts on it.
+        """
 
     def _check_node_config(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
         """Refuse what this node cannot take of ``config``; a hook for subclasses."""
@@ -201,6 +118,21 @@ class ExclusiveCPUPolicy(ABC):
     def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
         """Whether ``grant`` is of a kind ``config`` grants; a hook for subclasses."""
         return True
+
+    def _check_offered(self, config: PolicyConfig) -> None:  # noqa: B027 (optional hook)
+        """Refuse ``config`` if it would offer less of a capacity than claims hold.
+
+        Only less than the configuration in force offers: what a boot took already (see
+        :meth:`shortfalls`) must not block every other change. A hook for subclasses.
+        """
+
+    def shortfalls(self) -> list[Shortfall]:
+        """Claims holding capacity their devices do not offer now; a hook for subclasses.
+
+        None where devices offer no capacity beyond their CPUs (CPUs that are not online
+        any more are a warning of :meth:`restore`).
+        """
+        return []
 
     # The flow --------------------------------------------------------------------------
 
@@ -270,7 +202,7 @@ class ExclusiveCPUPolicy(ABC):
         self._ledger.remove(uid)
 
     def reconfigure(self, config: PolicyConfig) -> None:
-        """Take ``config`` unless it reserves CPUs claims hold; then republish."""
+        """Take ``config`` unless it takes what claims hold (CPUs, huge pages); republish."""
         if config.policy != self.name:
             raise PolicyError(
                 f"configuration is for policy {config.policy}, this is {self.name}: "
@@ -284,6 +216,7 @@ class ExclusiveCPUPolicy(ABC):
                 f"can't reserve CPUs {format_cpu_list(held)}: held by claims "
                 f"{sorted(set(held.values()))}"
             )
+        self._check_offered(checked)
         self._use(checked)
         if self._host is not None:
             self._host.publish_devices(self.devices())
@@ -340,11 +273,16 @@ class ExclusiveCPUPolicy(ABC):
         if len(results) != len(grants):
             raise PolicyError(f"was prepared with {len(grants)} results, now has {len(results)}")
         for index, (result, grant) in enumerate(zip(results, grants, strict=True)):
-            if result.device != grant.device or not self._matches(result, grant):
+            if result.device != grant.device:
+                why: str | None = f"differs from what it was prepared with: device {grant.device}"
+            else:
+                try:
+                    why = self._mismatch(result, grant)
+                except PolicyError as err:  # the result is not one the policy can read now
+                    why = str(err)
+            if why is not None:
                 raise PolicyError(
-                    f"result {index} (request {result.request}, device {result.device}) "
-                    f"differs from what it was prepared with: device {grant.device}, "
-                    f"{len(grant.cpus)} CPUs, {grant.memory} bytes"
+                    f"result {index} (request {result.request}, device {result.device}): {why}"
                 )
 
     def _check_config(self, config: PolicyConfig) -> PolicyConfig:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodedra.lib.quantity import binary_quantity
+from nodedra.lib.quantity import binary_quantity, parse_quantity
 from nodedra.topology.model import NUMANode
 
 
@@ -22,6 +22,23 @@ def capacity_name(page_size: int) -> str:
     Capacity names must be C identifiers, so not the resource's ``hugepages-2Mi``.
     """
     return f"hugepages_{binary_quantity(page_size)}"
+
+
+def page_size(capacity: str) -> int | None:
+    """The page size capacity ``capacity`` stands for (``hugepages_1Gi``: 1 GiB); None if none.
+
+    Only a name :func:`capacity_name` would make: a result names what a device offered.
+    """
+    prefix = "hugepages_"
+    if not capacity.startswith(prefix):
+        return None
+    try:
+        size = parse_quantity(capacity[len(prefix) :])
+    except ValueError:
+        return None
+    if size <= 0 or size.denominator != 1:
+        return None
+    return int(size) if capacity_name(int(size)) == capacity else None
 
 
 def resource_name(page_size: int) -> str:
@@ -50,3 +67,25 @@ def offered(node: NUMANode, reserved: Mapping[int, int]) -> dict[int, int]:
 def total_bytes(node: NUMANode) -> int:
     """Bytes of ``node``'s memory that its huge page pools take, whatever their size."""
     return sum(pools(node).values())
+
+
+def why_short(
+    node: NUMANode, size: int, wanted: int, node_allocatable: bool, reserved: Mapping[int, int]
+) -> str:
+    """Why ``node``'s device offers less than ``wanted`` bytes of ``size`` pages, or none.
+
+    What an admin changes to have them back: the configuration, or the pool (a boot with
+    fewer pages, or none of the size).
+    """
+    if not node_allocatable:
+        return "nodeAllocatable is off"
+    pool = pools(node).get(size, 0)
+    if not pool:
+        return f"NUMA node {node.id} has none"
+    if pool < wanted:
+        return f"NUMA node {node.id} has {binary_quantity(pool)}"
+    kept = pool - offered(node, reserved)[size]
+    return (
+        f"reservedHugepages keeps {binary_quantity(kept)} of NUMA node {node.id}'s "
+        f"{binary_quantity(pool)}"
+    )

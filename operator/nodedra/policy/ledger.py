@@ -70,6 +70,36 @@ class Grant:
         return grant
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """A claim holding capacity its device does not offer now, as much as claims hold there.
+
+    A boot with a smaller huge page pool (or none of a size) leaves claims in the checkpoint
+    holding pages the node no longer has: they are kept (their containers may be running,
+    and nodedra never drops state silently), and named by this.
+    """
+
+    uid: str
+    device: str
+    capacity: str
+    """The device capacity: ``hugepages_1Gi``."""
+    held: int
+    """Bytes this claim holds of it."""
+    total: int
+    """Bytes every claim holds of it on the device."""
+    offered: int
+    """Bytes the device offers of it now, to all claims together."""
+    why: str
+    """Why it offers less: ``NUMA node 0 has none``."""
+
+    def __str__(self) -> str:
+        return (
+            f"claim {self.uid} holds {binary_quantity(self.held)} of {self.capacity} of "
+            f"{self.device}, where claims hold {binary_quantity(self.total)} and it offers "
+            f"{binary_quantity(self.offered)} now: {self.why}"
+        )
+
+
 def env_suffix(uid: str, index: int) -> str:
     """The part of a result's environment variable names that identifies it.
 
@@ -173,6 +203,19 @@ class Ledger:
             for size, amount in g.hugepages
             if size == page_size
         )
+
+    def hugepages_held(self) -> dict[int, dict[int, dict[str, int]]]:
+        """NUMA node -> page size -> claim -> bytes of the node's pages the claim holds."""
+        held: dict[int, dict[int, dict[str, int]]] = {}
+        for uid, grants in self._claims.items():
+            for grant in grants:
+                if len(grant.mems) != 1:  # pages are granted from one node, or none
+                    continue
+                (node,) = grant.mems
+                for size, amount in grant.hugepages:
+                    holders = held.setdefault(node, {}).setdefault(size, {})
+                    holders[uid] = holders.get(uid, 0) + amount
+        return held
 
     def add(self, uid: str, grants: Sequence[Grant]) -> None:
         """Record claim ``uid``'s grants; refuses a CPU that is already someone's."""

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from nodedra.topology.cpulist import format_cpu_list
 
-from . import allocatable
-from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
+from . import allocatable, consumed
+from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
+from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -99,6 +100,7 @@ class StaticPolicy(ExclusiveCPUPolicy):
 
     def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
         cpus = self._cpus(result.device)
+        _consumed_nothing(result)
         holders = self._ledger.holders(cpus)
         if holders or any(cpus & grant.cpus for grant in earlier):
             holder = ", ".join(sorted(set(holders.values()))) or "this claim"
@@ -107,9 +109,31 @@ class StaticPolicy(ExclusiveCPUPolicy):
         nodes = frozenset(self._topology.cpus[cpu].node for cpu in cpus)
         return Grant(result.request, result.device, cpus, 0, nodes)
 
-    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        return grant.cpus == self._cpus(result.device)
+    def _mismatch(self, result: AllocationResult, grant: Grant) -> str | None:
+        cpus = self._cpus(result.device)
+        _consumed_nothing(result)
+        if grant.cpus == cpus:
+            return None
+        return (
+            f"differs from what it was prepared with: CPUs {format_cpu_list(grant.cpus)}, "
+            f"the device has {format_cpu_list(cpus)} now"
+        )
 
     def _granted_under(self, grant: Grant, config: PolicyConfig) -> bool:
         pattern = _CORE_DEVICE if config.full_physical_cores else _DEVICE
         return pattern.fullmatch(grant.device) is not None
+
+
+def _consumed_nothing(result: AllocationResult) -> None:
+    """Refuse a result that consumed capacity: a static device has none to give.
+
+    The scheduler records consumed capacity only of devices that offer it, so such a result
+    was never allocated from our devices as they are published.
+    """
+    unknown = consumed.not_understood(result.consumed_capacity, result.driver, ())
+    if unknown:
+        name, amount = unknown[0]
+        raise PolicyError(
+            f"consumed {name} {amount}, a capacity {result.device} does not offer (static "
+            "devices offer none: each is claimed whole)"
+        )

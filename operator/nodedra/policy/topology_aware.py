@@ -17,22 +17,29 @@ A node's huge pages are offered beside its CPUs, one capacity per page size it h
 ``nodeAllocatable``: the kubelet lets a container use huge pages only up to what its pod
 accounts for, and a claim's huge pages are accounted for only through the device's mapping
 to the node's ``hugepages-2Mi``. The memory offered is what the huge page pools leave.
+
+Every capacity a result consumed must be one a device offers now, or be nothing: pages of a
+size the node has none of now (a reboot emptied the pool, ``nodeAllocatable`` was switched
+off, another allocator wrote the result) would reach no container, so such a claim is
+refused, saying which capacity and why. Claims that hold pages keep them; a reconfiguration
+that would offer fewer than they hold is refused, and what a boot took is named
+(:meth:`TopologyAwarePolicy.shortfalls`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from nodedra.lib.quantity import parse_quantity, whole_positive
+from nodedra.lib.quantity import binary_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
-from . import allocatable, hugepages
-from .base import NUMA_NODE_ATTRIBUTE, Attributes, Device, ExclusiveCPUPolicy
+from . import allocatable, consumed, hugepages
+from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
-from .ledger import Grant, PolicyError
+from .ledger import Grant, Ledger, PolicyError, Shortfall
 from .picker import pick_cpus
+from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -57,6 +64,9 @@ class Wants(NamedTuple):
     hugepages: tuple[tuple[int, int], ...]
     """(page size, bytes), by page size, for the sizes consumed."""
 
+    def __str__(self) -> str:
+        return _describe(self.cpus, self.memory, self.hugepages)
+
 
 class TopologyAwarePolicy(ExclusiveCPUPolicy):
     """Exclusive CPUs and NUMA-local memory, one device per NUMA node."""
@@ -80,15 +90,18 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         offered = max(node.memory - hugepages.total_bytes(node) - self._config.reserved_memory, 0)
         return offered - offered % MEMORY_STEP
 
-    def offered_hugepages(self, node: NUMANode) -> dict[int, int]:
-        """Page size -> bytes of ``node``'s huge pages claims may get.
+    def offered_hugepages(
+        self, node: NUMANode, config: PolicyConfig | None = None
+    ) -> dict[int, int]:
+        """Page size -> bytes of ``node``'s huge pages claims may get (under ``config``).
 
         None without the node-allocatable mapping, which is what lets a claim's container
         use them.
         """
-        if not self._config.node_allocatable:
+        config = config or self._config
+        if not config.node_allocatable:
             return {}
-        return hugepages.offered(node, self._config.reserved_hugepages)
+        return hugepages.offered(node, config.reserved_hugepages)
 
     def _core_size(self, node: NUMANode) -> int:
         """CPUs a claim on ``node`` takes at a time.
@@ -154,13 +167,21 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         raise PolicyError(f"unknown device {device}")
 
     def _wants(self, result: AllocationResult, node: NUMANode) -> Wants | None:
-        """What the result consumed; None when it takes the whole device."""
-        consumed = result.consumed_capacity
-        if not consumed:
+        """What the result consumed; None when it takes the whole device.
+
+        PolicyError for anything consumed that the device does not offer now.
+        """
+        used = result.consumed_capacity
+        if not used:
             return None
-        cpu = _capacity(consumed, result.driver, CPU_CAPACITY)
+        offered_pages = self.offered_hugepages(node)
+        understood = {CPU_CAPACITY, MEMORY_CAPACITY, *map(hugepages.capacity_name, offered_pages)}
+        unknown = consumed.not_understood(used, result.driver, understood)
+        if unknown:
+            raise PolicyError(self._not_offered(result, node, *unknown[0]))
+        cpu = consumed.value(used, result.driver, CPU_CAPACITY)
         if cpu is None:
-            raise PolicyError(f"consumed no {CPU_CAPACITY} (consumed: {dict(consumed)})")
+            raise PolicyError(f"consumed no {CPU_CAPACITY} (consumed: {dict(used)})")
         try:
             cpus = whole_positive(cpu, f"consumed {CPU_CAPACITY}")
         except ValueError as err:
@@ -168,18 +189,31 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         offered = len(node.cpus & self.grantable)
         if cpus > offered:
             raise PolicyError(f"consumed {cpus} CPUs of {result.device}, which offers {offered}")
-        raw = _capacity(consumed, result.driver, MEMORY_CAPACITY)
-        memory = _whole_bytes(raw, MEMORY_CAPACITY) if raw is not None else 0
+        raw = consumed.value(used, result.driver, MEMORY_CAPACITY)
+        memory = consumed.whole_bytes(raw, MEMORY_CAPACITY) if raw is not None else 0
         pages = []
-        for size in self.offered_hugepages(node):
+        for size in offered_pages:
             name = hugepages.capacity_name(size)
-            raw = _capacity(consumed, result.driver, name)
-            amount = _whole_bytes(raw, name) if raw is not None else 0
+            raw = consumed.value(used, result.driver, name)
+            amount = consumed.whole_bytes(raw, name) if raw is not None else 0
             if amount % size:
                 raise PolicyError(f"consumed {name} {raw!r} is not a whole number of pages")
             if amount:
                 pages.append((size, amount))
         return Wants(cpus, memory, tuple(pages))
+
+    def _not_offered(self, result: AllocationResult, node: NUMANode, name: str, amount: str) -> str:
+        """Why ``amount`` consumed of capacity ``name`` cannot be granted: what and why."""
+        size = hugepages.page_size(consumed.plain_name(name, result.driver) or "")
+        if size is None:
+            return f"consumed {name} {amount}, a capacity {result.device} does not offer"
+        # A size the node has pages of is offered, with nodeAllocatable: why_short says
+        # which of the two it is, neither depends on the amount or the reservation.
+        why = hugepages.why_short(node, size, 1, self._config.node_allocatable, {})
+        return (
+            f"consumed {name} {amount}, but {result.device} offers no "
+            f"{binary_quantity(size)} huge pages now: {why}"
+        )
 
     def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
         node = self._node(result.device)
@@ -222,10 +256,10 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                 f"{result.device}"
             )
         for size, amount in wants.hugepages:
-            if amount > pages_free[size]:
+            if amount > pages_free[size]:  # below 0 where claims hold more than a pool has
                 raise PolicyError(
                     f"{amount} bytes of {hugepages.capacity_name(size)} asked for, only "
-                    f"{pages_free[size]} free on {result.device}"
+                    f"{max(pages_free[size], 0)} free on {result.device}"
                 )
         picked = pick_cpus(self._topology, free, wants.cpus)
         if not self._whole(picked):
@@ -255,9 +289,78 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         }
         return all(core <= grant.cpus for core in cores)
 
-    def _matches(self, result: AllocationResult, grant: Grant) -> bool:
-        wants = self._wants(result, self._node(result.device))
-        return wants is None or wants == (len(grant.cpus), grant.memory, grant.hugepages)
+    def _mismatch(self, result: AllocationResult, grant: Grant) -> str | None:
+        node = self._node(result.device)
+        offered = self.offered_hugepages(node)
+        for size, amount in grant.hugepages:  # what changed is the device, not the claim
+            if size not in offered:
+                why = hugepages.why_short(node, size, amount, self._config.node_allocatable, {})
+                return (
+                    f"holds {binary_quantity(amount)} of {hugepages.capacity_name(size)}, "
+                    f"which {result.device} no longer offers: {why}"
+                )
+        wants = self._wants(result, node)
+        held = Wants(len(grant.cpus), grant.memory, grant.hugepages)
+        if wants is None or wants == held:
+            return None
+        return f"differs from what it was prepared with: {held}; it asks for {wants}"
+
+    def shortfalls(self) -> list[Shortfall]:
+        """Claims holding huge pages their devices do not offer now, one entry per claim.
+
+        Where a pool is smaller than what claims hold of it, every claim holding pages of it
+        is named: which of them would miss pages is the kernel's business, not ours.
+        """
+        return self._shortfalls(self._ledger, self._config)
+
+    def _shortfalls(self, ledger: Ledger, config: PolicyConfig) -> list[Shortfall]:
+        found: list[Shortfall] = []
+        for node_id, sizes in sorted(ledger.hugepages_held().items()):
+            node = self._topology.nodes.get(node_id)
+            offered = self.offered_hugepages(node, config) if node is not None else {}
+            for size, holders in sorted(sizes.items()):
+                total, there = sum(holders.values()), offered.get(size, 0)
+                if total <= there:
+                    continue
+                why = (
+                    hugepages.why_short(
+                        node, size, total, config.node_allocatable, config.reserved_hugepages
+                    )
+                    if node is not None
+                    else f"NUMA node {node_id} is gone"
+                )
+                found.extend(
+                    Shortfall(
+                        uid,
+                        device_name(node_id),
+                        hugepages.capacity_name(size),
+                        amount,
+                        total,
+                        there,
+                        why,
+                    )
+                    for uid, amount in sorted(holders.items())
+                )
+        return found
+
+    def _check_offered(self, config: PolicyConfig) -> None:
+        short = {(s.device, s.capacity): s.total - s.offered for s in self.shortfalls()}
+        worse: dict[tuple[str, str], list[Shortfall]] = {}
+        for shortfall in self._shortfalls(self._ledger, config):
+            where = (shortfall.device, shortfall.capacity)
+            if shortfall.total - shortfall.offered > short.get(where, 0):
+                worse.setdefault(where, []).append(shortfall)
+        if worse:
+            raise PolicyError(
+                "would offer fewer huge pages than claims hold: "
+                + "; ".join(
+                    f"{capacity} of {device}: claims {[s.uid for s in held]} hold "
+                    f"{binary_quantity(held[0].total)}, it would offer "
+                    f"{binary_quantity(held[0].offered)} ({held[0].why})"
+                    for (device, capacity), held in sorted(worse.items())
+                )
+                + ": switch it back, or release those claims first"
+            )
 
     def _check_node_config(self, config: PolicyConfig) -> None:
         if not any(n.cpus - config.reserved_cpus for n in self._topology.nodes.values()):
@@ -280,19 +383,8 @@ def _capacity_of(value: int, *, minimum: int, step: int) -> dict[str, Any]:
     }
 
 
-def _capacity(consumed: Any, driver: str, name: str) -> str | None:
-    """A consumed capacity, keyed by its plain or its driver-qualified name."""
-    value = consumed.get(name)
-    if value is None:
-        value = consumed.get(f"{driver}/{name}")
-    return None if value is None else str(value)
-
-
-def _whole_bytes(raw: str, name: str) -> int:
-    try:
-        value = parse_quantity(raw)
-    except ValueError as err:
-        raise PolicyError(f"consumed {name}: {err}") from None
-    if value < 0 or value != Fraction(int(value)):
-        raise PolicyError(f"consumed {name} {raw!r} is not a whole number of bytes")
-    return int(value)
+def _describe(cpus: int, memory: int, pages: Sequence[tuple[int, int]]) -> str:
+    """``1 CPUs, 0 bytes of memory, 64Mi of hugepages_2Mi``: a grant, or what a result asks."""
+    held = [f"{cpus} CPUs", f"{memory} bytes of memory"]
+    held.extend(f"{binary_quantity(n)} of {hugepages.capacity_name(s)}" for s, n in pages)
+    return ", ".join(held)

@@ -138,7 +138,8 @@ class FakePolicy:
 
 
 class FakeCluster:
-    """An in-memory ClusterAPI: claims to get, one node, slices with names and versions."""
+    """An in-memory ClusterAPI: claims to get, one node, slices with names and versions,
+    Events."""
 
     def __init__(self, node: str = NODE) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -159,6 +160,8 @@ class FakeCluster:
         self.declared_features = ["DRANodeAllocatableResources"]
         """What the node's kubelet declares; a server keeping the field refuses it without."""
         self.status_owners: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+        self.events: list[dict[str, Any]] = []
+        """Events recorded, as stored."""
         self._versions = itertools.count(1)
         self._names = itertools.count()
         self.lock = threading.Lock()
@@ -271,6 +274,40 @@ class FakeCluster:
         stored["status"]["devices"] = [d for entries in owned.values() for d in entries]
         self.writes.append(("status", claim.name))
         return copy.deepcopy(stored)
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Store an Event, refusing what the server's strict events.k8s.io/v1 checks would."""
+        self._maybe_fail()
+        event = copy.deepcopy(dict(body))
+        problems = [
+            field
+            for field in (
+                "eventTime",
+                "reportingController",
+                "reportingInstance",
+                "action",
+                "reason",
+            )
+            if not event.get(field)
+        ]
+        if event.get("type") not in ("Normal", "Warning"):
+            problems.append("type")
+        if len(event.get("note", "").encode()) > 1024:
+            problems.append("note")
+        if any(len(event.get(f, "")) > 128 for f in ("reportingInstance", "action", "reason")):
+            problems.append("length")
+        regarding = event.get("regarding", {})
+        if not regarding.get("namespace") and namespace not in ("default", "kube-system"):
+            problems.append("namespace")
+        if problems or event.get("apiVersion") != "events.k8s.io/v1":
+            raise KubeAPIError(422, f"Event is invalid: {problems}")
+        meta = event.setdefault("metadata", {})
+        meta["name"] = meta.pop("generateName", "") + f"{next(self._names):05d}"
+        meta["namespace"] = namespace
+        with self.lock:
+            self.events.append(event)
+            self.writes.append(("event", meta["name"]))
+        return copy.deepcopy(event)
 
     # Helpers for tests -------------------------------------------------------------------
 

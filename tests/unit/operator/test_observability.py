@@ -117,6 +117,14 @@ def test_usage_is_read_at_scrape_time() -> None:
     assert sample(metrics, "nodedra_api_feature_gate", {"gate": "DRANodeAllocatableResources"}) == 0
 
 
+def test_claims_holding_capacity_no_longer_offered_are_counted_by_capacity() -> None:
+    usage = [NodeUsage(4, 3, {}, {}, capacity_missing={"hugepages_1Gi": 2})]
+    metrics = Metrics(lambda: usage[0])
+    assert sample(metrics, "nodedra_claims_capacity_missing", {"capacity": "hugepages_1Gi"}) == 2
+    usage[0] = NodeUsage(4, 1, {}, {})  # released, or the pages are back
+    assert sample(metrics, "nodedra_claims_capacity_missing", {"capacity": "hugepages_1Gi"}) is None
+
+
 def test_metrics_and_readiness_endpoints() -> None:
     metrics = Metrics()
     metrics.orphans.set(2)

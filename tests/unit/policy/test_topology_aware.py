@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodedra.policy import PolicyConfig, PolicyError, TopologyAwarePolicy, parse_config
-from nodedra.policy.base import NUMA_NODE_ATTRIBUTE
+from nodedra.policy.protocol import NUMA_NODE_ATTRIBUTE
 from nodedra.policy.topology_aware import MEMORY_STEP, device_name
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 from nodedra.topology.model import Topology
