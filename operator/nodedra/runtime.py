@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,15 @@ class Runtime:
         )
         with self.manager:  # what the policy took back from the checkpoint
             shortfalls = self.manager.policy.shortfalls()
-        report_shortfalls(shortfalls, self.events)  # API calls: outside the lock
+        if shortfalls:
+            # API calls: outside the lock, and in a thread of their own, so that an API
+            # server slow to take Events delays nothing (the log line is the same).
+            threading.Thread(
+                target=report_shortfalls,
+                args=(shortfalls, self.events),
+                name="node-events",
+                daemon=True,
+            ).start()
 
     def stop(self) -> None:
         """Stop serving and save state; the ResourceSlices stay."""
