@@ -12,6 +12,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +32,7 @@ from nodedra.dra.slices import SliceApplier
 from nodedra.lib.slotfile import SlotFile
 from nodedra.policy import PolicyError, parse_config
 from nodedra.resmgr import CheckpointError
-from nodedra.resmgr.checkpoint import FILE_NAME
+from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import (
     create_ready_node,
@@ -615,8 +616,13 @@ def test_damaged_checkpoint_stops_the_start_until_moved_aside(root: Path, corrup
     node.manager = node.new_manager()
     with pytest.raises((CheckpointError, PolicyError), match=message) as refused:
         node.manager.start()
-    if isinstance(refused.value, CheckpointError) and "corrupt" in str(refused.value):
-        assert f"mv {path} {path}.corrupt" in str(refused.value)  # what to do about it
+    # What to do about it: the commands the message gives, or else (a refusal that says
+    # to drain, or to run the newer nodedra) the state moved aside as deploying.md says.
+    aside = re.findall(r"mv (\S+) (\S+?\.corrupt)\b", str(refused.value))
+    if "corrupt" in str(refused.value):
+        assert (str(path), f"{path}.corrupt") in aside
+    else:
+        aside = [(str(each), f"{each}.aside") for each in (path, path.with_name(LEGACY_NAME))]
     # Nothing started, nothing touched: no sockets, the specs and the damaged file as they were.
     assert not node.manager.plugin.sockets.registration.exists()
     assert not node.manager.plugin.sockets.dra.exists()
@@ -624,7 +630,8 @@ def test_damaged_checkpoint_stops_the_start_until_moved_aside(root: Path, corrup
     assert path.read_bytes() == damaged
     node.manager.stop()
 
-    path.rename(path.with_name(path.name + ".corrupt"))  # what the message says to do
+    for source, target in aside:
+        os.rename(source, target)
     node.manager = node.new_manager()
     node.manager.start()
     try:

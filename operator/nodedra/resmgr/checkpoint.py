@@ -136,8 +136,10 @@ class Checkpoint:
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
         if reading is None:
-            if self._load_legacy()[1]:
-                raise self._corrupt(f"it says the state moved to {self.path}, which is missing")
+            if self._load_legacy()[1]:  # a lost checkpoint is no first start
+                raise self._corrupt(
+                    f"it says the state moved to {self.path}, which is missing", self.legacy_path
+                )
             return Reading(None, Identity(None, legacy))
         try:
             document = json.loads(reading.record)
@@ -278,11 +280,21 @@ class Checkpoint:
         self._moved = True
 
     def _corrupt(self, why: str, path: Path | None = None) -> CheckpointError:
+        """The refusal of a damaged ``path``, with the command that moves the state aside.
+
+        A damaged slot file goes aside with the note beside it, if there is one: the note
+        alone says the state moved to a file that is not there, and would stop the next
+        start too.
+        """
         path = path or self.path
+        aside = [path]
+        if path == self.path and self.legacy_path.exists():
+            aside.append(self.legacy_path)
+        command = " && ".join(f"mv {each} {each}.corrupt" for each in aside)
         return CheckpointError(
             f"checkpoint {path} is corrupt: {why}. nodedra does not guess which claims "
-            "hold which CPUs. Drain the node's pods that use DRA claims, then move the file "
-            f"aside (mv {path} {path}.corrupt) and start again."
+            "hold which CPUs. Drain the node's pods that use DRA claims, then move the "
+            f"state aside ({command}) and start again."
         )
 
 
