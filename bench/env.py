@@ -339,6 +339,7 @@ class BenchCluster:
             f"--config={config}",
             f"--metrics-address={metrics}",
             f"--health-address={LOOPBACK}:{free_port()}",
+            f"--status-address={LOOPBACK}:{free_port()}",
             # As the DaemonSet runs it: sockets named after its pod, the instances' lock
             # (a short UID: the benchmark's directories are longer than /var/lib/kubelet).
             f"--pod-uid={uuid.uuid4().hex[:8]}",

@@ -14,7 +14,7 @@ from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
 from nodedra.settings import (
-    DEFAULT_METRICS_ADDRESS,
+    DEFAULT_STATUS_ADDRESS,
     SettingsError,
     add_arguments,
     load_settings,
@@ -63,8 +63,8 @@ def status(args: argparse.Namespace) -> int:
     """``nodedra status``: who holds each CPU, from a running instance, checked against /proc."""
     if not args.address:
         print(
-            "nodedra status: no address: /status is served at the metrics address, which "
-            "NODEDRA_METRICS_ADDRESS turns off when empty; pass --address HOST:PORT",
+            "nodedra status: no address: NODEDRA_STATUS_ADDRESS is empty, which turns "
+            "/status off; pass --address HOST:PORT of an instance that serves it",
             file=sys.stderr,
         )
         return 2
@@ -104,10 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     status_parser.add_argument(
         "--address",
-        default=os.environ.get("NODEDRA_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
-        help="host:port of the instance's metrics, where /status is served (default: "
-        f"$NODEDRA_METRICS_ADDRESS, else {DEFAULT_METRICS_ADDRESS}; an any-interface host "
-        "means this machine)",
+        default=os.environ.get("NODEDRA_STATUS_ADDRESS", DEFAULT_STATUS_ADDRESS),
+        help="host:port where the instance serves /status (default: "
+        f"$NODEDRA_STATUS_ADDRESS, else {DEFAULT_STATUS_ADDRESS}: run it in nodedra's pod, "
+        "with kubectl exec; an any-interface host means this machine)",
     )
     status_parser.add_argument("--json", action="store_true", help="print one JSON object")
     status_parser.add_argument(

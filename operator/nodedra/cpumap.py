@@ -201,7 +201,8 @@ class _Drawing:
             if m["runtime_connected"] is None
             else (f"{m['pinning']}, {runtime[m['runtime_connected']]}")
         )
-        yield f"node {m['node']}   driver {m['driver']}   pinning {pinning}"
+        as_of = f"   as of {m['as_of']}" if m.get("as_of") else ""
+        yield f"node {m['node']}   driver {m['driver']}   pinning {pinning}{as_of}"
         yield (
             f"CPUs {m['online']}: reserved {m['reserved'] or 'none'}, claimed "
             f"{m['claimed'] or 'none'}, shared pool {m['shared']}"

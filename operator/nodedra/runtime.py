@@ -30,7 +30,7 @@ from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
-from nodedra.status import cpu_map as node_cpu_map
+from nodedra.statuscopy import StatusCopy
 from nodedra.topology import Topology, format_cpu_list, read_topology
 
 log = logging.getLogger(__name__)
@@ -193,27 +193,34 @@ class Runtime:
             self.index, self.manager.committed_claims, settings.orphan_grace
         )
         self.config = ConfigWatcher(settings.config, self.manager.reconfigure, self._count_reload)
-        self._stop_metrics: Callable[[], None] | None = None
+        self.status_copy = StatusCopy(self.manager, self.topology, settings.node_name)
+        self._stops: list[Callable[[], None]] = []
+        """How to close the listeners opened, in the order opened."""
 
     def start(self) -> None:
-        """Start serving: metrics, then the manager's start-up order, then status writes.
+        """Start serving: listeners, then the manager's start-up order, then status writes.
 
-        Metrics come first: a port in use must stop nodedra before the manager registers
-        with the kubelet, since a failed start-up runs no clean-up and would leave the
-        kubelet a registration (and sockets) that nobody serves.
+        The listeners (metrics, ``/status``) come first: a port in use must stop nodedra
+        before the manager registers with the kubelet, since a failed start-up runs no
+        clean-up and would leave the kubelet a registration (and sockets) nobody serves.
         """
         # What the start-up made (kopf, the clients, grpcio: some 75,000 objects) lives as
         # long as the process: out of the garbage collector's way, before anything is
         # served, a full collection no longer takes some 50 ms of GIL from a request.
         gc.collect()
         gc.freeze()
-        if self.settings.metrics_address:
-            self._stop_metrics = self._serve_metrics(self.settings.metrics_address)
         try:
+            if self.settings.metrics_address:
+                app = httpserver.metrics_app(self.metrics.registry, self.readiness)
+                self._listen("--metrics-address", self.settings.metrics_address, "metrics", app)
+            if self.settings.status_address:
+                app = httpserver.status_app(self.status_copy.body)
+                self._listen("--status-address", self.settings.status_address, "/status", app)
             self.manager.start()
         except BaseException:
-            self._close_metrics()
+            self._close_listeners()
             raise
+        self.status_copy.start()
         if self.status is not None:
             self.status.start()
         if self.claims is not None:
@@ -243,24 +250,22 @@ class Runtime:
         self.manager.stop()
         if self.status is not None:
             self.status.stop()
-        self._close_metrics()
+        self.status_copy.stop()
+        self._close_listeners()
 
-    def _serve_metrics(self, address: str) -> Callable[[], None]:
+    def _listen(self, flag: str, address: str, what: str, app: httpserver.App) -> None:
         host, port = split_address(address)
         try:
-            _, stop = httpserver.serve(
-                host, port, self.metrics.registry, self.readiness, self.cpu_map
-            )
+            _, stop = httpserver.serve(host, port, app)
         except OSError as err:
             raise SettingsError(
-                f"--metrics-address {address}: cannot serve metrics there: {err.strerror or err}"
+                f"{flag} {address}: cannot serve {what} there: {err.strerror or err}"
             ) from None
-        return stop
+        self._stops.append(stop)
 
-    def _close_metrics(self) -> None:
-        if self._stop_metrics is not None:
-            self._stop_metrics()
-            self._stop_metrics = None
+    def _close_listeners(self) -> None:
+        while self._stops:
+            self._stops.pop()()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Whether the driver can be used on this node now, and the checks that say so.
@@ -282,10 +287,6 @@ class Runtime:
             "runtime": runtime,
             "problems": problems,
         }
-
-    def cpu_map(self) -> dict[str, Any] | None:
-        """``/status``: who holds each CPU of the node; None while the lock stays busy."""
-        return node_cpu_map(self.manager, self.topology, self.settings.node_name)
 
     def _claim_seen(self, ref: ClaimRef, claim: dict[str, Any]) -> None:
         """A claim of ours changed: its status may need writing, its pods pinning."""

@@ -19,6 +19,10 @@ from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9464"
+DEFAULT_STATUS_ADDRESS = "127.0.0.1:9465"
+"""Localhost: the CPU map names pods and claims, for people the API lets ``exec`` in."""
+ADDRESSES = ("metrics_address", "health_address", "status_address")
+"""The settings that are host:port; an empty one turns its listener off."""
 
 
 class SettingsError(ValueError):
@@ -43,6 +47,7 @@ class Settings:
     log_format: str = "text"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     health_address: str = "0.0.0.0:8080"
+    status_address: str = DEFAULT_STATUS_ADDRESS
     watch_claims: bool = True
     release_orphans: bool = False
     orphan_grace: float = 300.0
@@ -74,6 +79,11 @@ FLAGS = (
     _Flag("log_format", "NODEDRA_LOG_FORMAT", "text or json"),
     _Flag("metrics_address", "NODEDRA_METRICS_ADDRESS", "host:port of /metrics; empty: off"),
     _Flag("health_address", "NODEDRA_HEALTH_ADDRESS", "host:port of /healthz; empty: off"),
+    _Flag(
+        "status_address",
+        "NODEDRA_STATUS_ADDRESS",
+        "host:port of /status, the CPU map (keep it on localhost); empty: off",
+    ),
     _Flag("watch_claims", "NODEDRA_WATCH_CLAIMS", "watch ResourceClaims (true/false)"),
     _Flag("release_orphans", "NODEDRA_RELEASE_ORPHANS", "release claims gone from the API"),
     _Flag("orphan_grace", "NODEDRA_ORPHAN_GRACE", "seconds a claim may be gone before it counts"),
@@ -112,7 +122,7 @@ def load_settings(
         raw = getattr(args, flag.name, None) if args is not None else None
         if raw is None:
             raw = environ.get(flag.env)
-        if raw is None or (raw == "" and flag.name not in ("metrics_address", "health_address")):
+        if raw is None or (raw == "" and flag.name not in ADDRESSES):
             continue
         values[flag.name] = _convert(flag, str(raw))
     if not values.get("node_name"):
@@ -177,7 +187,7 @@ def _check(settings: Settings) -> None:
         raise SettingsError(
             f"--nri-index / $NODEDRA_NRI_INDEX: {settings.nri_index!r} is not two digits (00-99)"
         )
-    for name in ("metrics_address", "health_address"):
+    for name in ADDRESSES:
         address = getattr(settings, name)
         if address and not _is_address(address):
             flag = next(f for f in FLAGS if f.name == name)

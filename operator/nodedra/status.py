@@ -5,8 +5,9 @@ otherwise piece it together from the checkpoint, the metrics and ``/proc``. The 
 instance knows all of it but ``/proc``: the topology, the reserved CPUs, the claims held
 and whom they are reserved for, the containers the runtime told us of and what each was
 told to run on. It is read at one moment, under the resource manager's lock
-(:meth:`ResourceManager.holdings`), and turned into JSON here, outside it.
-``nodedra status`` (:mod:`nodedra.cpumap`) adds what ``/proc`` says and draws it.
+(:meth:`ResourceManager.holdings`), and turned into JSON here, outside it; what ``/status``
+serves is the last such copy (:mod:`nodedra.statuscopy`). ``nodedra status``
+(:mod:`nodedra.cpumap`) adds what ``/proc`` says and draws it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from nodedra.topology import Topology, format_cpu_list
 
 SCHEMA = 1
 """The version of the object's layout; a change that breaks readers bumps it."""
-LOCK_TIMEOUT = 1.0
-"""Seconds ``/status`` waits for the lock before answering that nodedra is busy."""
 
 JSONObject = dict[str, Any]
 """Plain JSON: what ``json.dumps`` writes and ``json.loads`` gives back unchanged."""
@@ -34,16 +33,14 @@ class HoldingsSource(Protocol):
     driver: str
     pinning_mode: str
 
-    def holdings(self, timeout: float) -> Holdings | None:
-        """Every claim's CPUs and every container's, at one moment; None if busy."""
+    def holdings(self) -> Holdings | None:
+        """Every claim's CPUs and every container's, at one moment; None if busy now."""
         ...
 
 
-def cpu_map(
-    source: HoldingsSource, topology: Topology, node: str, timeout: float = LOCK_TIMEOUT
-) -> JSONObject | None:
-    """The node's CPU map as JSON; None if the lock was not free within ``timeout``."""
-    holdings = source.holdings(timeout)
+def cpu_map(source: HoldingsSource, topology: Topology, node: str) -> JSONObject | None:
+    """The node's CPU map as JSON; None if the lock was not free just now."""
+    holdings = source.holdings()
     if holdings is None:
         return None
     return build(holdings, topology, node=node, driver=source.driver, pinning=source.pinning_mode)

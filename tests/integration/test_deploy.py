@@ -128,6 +128,11 @@ def test_daemonset_pod_serves_the_node(deployed: DeploymentCluster) -> None:
     published = re.search(r"^nodedra_devices_published(?:\{.*\})? (\S+)$", metrics, re.MULTILINE)
     assert published is not None, metrics
     assert float(published.group(1)) == devices
+    # The CPU map names pods and claims: not served to the pod network, on either port.
+    with urllib.request.urlopen(f"http://{address}:9464/status", timeout=10) as resp:
+        assert not resp.read().startswith(b"{"), "the metrics port serves no map"
+    with pytest.raises(urllib.error.URLError, match="Connection refused"):
+        urllib.request.urlopen(f"http://{address}:9465/status", timeout=10)
 
 
 def test_samples_run_pinned(deployed: DeploymentCluster) -> None:

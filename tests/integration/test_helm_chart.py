@@ -45,6 +45,7 @@ CUSTOM = {
     "image.tag": "1.2.3",
     "pinning": "best-effort",
     "metrics.address": "0.0.0.0:9500",
+    "status.address": "127.0.0.1:9600",
 }
 CUSTOM_SET = ",".join(f"{name}={value}" for name, value in CUSTOM.items())
 
@@ -411,6 +412,8 @@ def test_default_values_mean_nodedra_defaults(tools: Tools, tmp_path: Path) -> N
     assert settings.pinning == Settings.pinning == "required"
     assert settings.metrics_address == "0.0.0.0:9464"
     assert split_address(settings.metrics_address)[1] == metrics_port(rendered) == 9464
+    assert settings.status_address == "127.0.0.1:9465", "the CPU map on localhost only"
+    assert "status" not in {port["name"] for port in container(rendered)["ports"]}
     assert settings.log_format == "json"
     assert container(rendered)["image"] == f"nodedra:{__version__}"
 
@@ -432,6 +435,7 @@ def test_values_reach_the_config_and_the_daemonset(tools: Tools, tmp_path: Path)
     settings = settings_of(rendered)
     assert settings.pinning == "best-effort"
     assert split_address(settings.metrics_address) == ("0.0.0.0", 9500)
+    assert settings.status_address == "127.0.0.1:9600"
     assert metrics_port(rendered) == 9500
 
 

@@ -3,7 +3,7 @@ pod's container is what the machine says.
 
 nodedra reads this machine's topology and pins through the node's runtime, as in
 test_node_pinning.py. The command runs as an administrator would run it on the node
-(``python -m nodedra status`` against the instance's metrics address); the ground truth is
+(``python -m nodedra status`` against the instance's status address); the ground truth is
 the runtime's own PID for the container and ``/proc/<pid>/status``, found without nodedra.
 """
 
@@ -56,7 +56,7 @@ def nodedra_status(pinned: Pinned, *args: str) -> str:
             "nodedra",
             "status",
             "--address",
-            f"{LOOPBACK}:{pinned.nodedra.metrics_port}",
+            f"{LOOPBACK}:{pinned.nodedra.status_port}",
             *args,
         ],
         capture_output=True,

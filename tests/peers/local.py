@@ -282,7 +282,7 @@ class Demo:
         """What `nodedra status` says, run on this node against the running instance."""
         nodedra = self.nodedra
         assert nodedra is not None
-        address = f"127.0.0.1:{nodedra.metrics_port}"
+        address = f"127.0.0.1:{nodedra.status_port}"
         section(f"nodedra status --address {address} (who holds each CPU, checked in /proc)")
         done = subprocess.run(
             [sys.executable, "-m", "nodedra", "status", "--address", address],

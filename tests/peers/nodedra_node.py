@@ -388,6 +388,7 @@ class NodedraProcess:
         self.pinning = pinning
         self.nri_socket = nri_socket
         self.health_port = free_port()
+        self.status_port = free_port()
         self._process: PeerProcess | None = None
 
     @property
@@ -414,6 +415,8 @@ class NodedraProcess:
             f"{LOOPBACK}:{self.metrics_port}",
             "--health-address",
             f"{LOOPBACK}:{self.health_port}",
+            "--status-address",
+            f"{LOOPBACK}:{self.status_port}",
             "--log-format",
             "text",
             "--pinning",

@@ -314,6 +314,17 @@ class VMCluster:
         status, _, body = done.stdout.partition("\n")
         return int(status), body
 
+    def nodedra_status(self) -> dict[str, Any]:
+        """``nodedra status --json`` run in nodedra's pod, as an admin runs it: the CPU map
+        of the instance's localhost-only ``/status``."""
+        (pod,) = self.nodedra_pods()
+        done = self.kubectl(
+            "-n", NAMESPACE, "exec", pod["metadata"]["name"], "--", "nodedra", "status", "--json",
+            timeout=120,
+        )  # fmt: skip
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
     def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
         """One sample of nodedra's /metrics."""
         status, text = self.nodedra_get("/metrics")

@@ -45,7 +45,7 @@ def read_without_the_instance_lock(node: LocalNode) -> None:
     """Each path that reads the books holding only the in-process lock, or none."""
     manager = node.manager
     manager.committed_claims()
-    manager.holdings(timeout=1.0)
+    manager.holdings()
     with manager:  # as a runtime event takes it
         pass
     if manager.acquire(timeout=1.0):  # as the metrics' usage takes it

@@ -51,6 +51,7 @@ EXPECTED_ENV: dict[str, str | None] = {
     "NODEDRA_LOG_FORMAT": "json",
     "NODEDRA_METRICS_ADDRESS": "0.0.0.0:9464",
     "NODEDRA_HEALTH_ADDRESS": "0.0.0.0:8080",
+    "NODEDRA_STATUS_ADDRESS": "127.0.0.1:9465",
 }
 
 #: Host directories the DaemonSet needs.

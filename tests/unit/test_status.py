@@ -12,8 +12,10 @@ import io
 import json
 import re
 import threading
+import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from nodedra.policy import Grant, make_policy, parse_config
 from nodedra.policy.ledger import env_suffix
 from nodedra.resmgr import ManagerOptions, ResourceManager
 from nodedra.resmgr.pinning import Books, ContainerView, Holdings, Reservation
+from nodedra.statuscopy import StatusCopy
 from nodedra.topology import CPU, NUMANode, Topology, format_cpu_list, parse_cpu_list
 from tests.unit.dra.fakes import NODE, FakeCluster, make_claim, result
 from tests.unit.policy.conftest import topology
@@ -157,7 +160,10 @@ def test_the_map_says_who_holds_each_cpu_and_where_containers_should_run(node: N
     assert web["in_sync"] is False, "told the old pool"
 
 
-def test_the_map_waits_for_the_lock_only_so_long(node: Node) -> None:
+def test_the_map_is_not_read_while_anyone_holds_the_lock(node: Node) -> None:
+    """A reader of the books never makes the kubelet or the runtime wait for it: it does
+    not wait for the lock either, and tries again later."""
+    assert node.manager.holdings() is not None
     taken, done = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -167,26 +173,64 @@ def test_the_map_waits_for_the_lock_only_so_long(node: Node) -> None:
 
     holder = threading.Thread(target=hold)
     holder.start()
-    taken.wait(10)
-    port, stop = httpserver.serve(
-        "127.0.0.1",
-        0,
-        Metrics().registry,
-        lambda: (True, {}),
-        lambda: status.cpu_map(node.manager, node.topology, NODE, timeout=0.1),
-    )
     try:
-        with pytest.raises(cpumap.StatusError, match=r"answered 503.*busy"):
-            cpumap.fetch(f"127.0.0.1:{port}")
-        done.set()
-        holder.join(10)
-        assert cpumap.fetch(f"127.0.0.1:{port}")["node"] == NODE
+        assert taken.wait(10)
+        assert node.manager.holdings() is None
     finally:
         done.set()
+        holder.join(10)
+    assert node.manager.holdings() is not None
+
+
+def test_readers_get_the_copy_and_never_the_lock(node: Node) -> None:
+    """Sixteen readers while a runtime event holds the lock: each answered at once, from the
+    copy taken before; the copy is taken again, once, after the books changed."""
+    copy = StatusCopy(node.manager, node.topology, NODE)
+    port, stop = httpserver.serve("127.0.0.1", 0, httpserver.status_app(copy.body))
+    address = f"127.0.0.1:{port}"
+    try:
+        with pytest.raises(cpumap.StatusError, match=r"answered 503.*starting"):
+            cpumap.fetch(address)
+        copy.start()
+        wait_until(lambda: copy.body() is not None)
+        before = cpumap.fetch(address)
+        assert before["claims"] == []
+        holds = node.manager.holds
+        with node.manager:  # as a runtime event holds it
+            answers: list[dict[str, Any]] = []
+            readers = [
+                threading.Thread(target=lambda: answers.append(cpumap.fetch(address, 10)))
+                for _ in range(16)
+            ]
+            for reader in readers:
+                reader.start()
+            for reader in readers:
+                reader.join(30)
+            assert answers == [before] * 16
+            assert node.manager.holds == holds + 1, "no reader, and not the copy, took it"
+        cpus = node.prepare("uid-a", "checkout-cpus", node.device(1), POD)
+        wait_until(lambda: cpumap.fetch(address)["claims"] != [])
+        (claim,) = cpumap.fetch(address)["claims"]
+        assert parse_cpu_list(claim["cpus"]) == cpus
+        assert cpumap.fetch(address)["as_of"] > before["as_of"]
+    finally:
+        copy.stop()
         stop()
 
 
-def test_status_is_served_beside_metrics_and_the_command_reads_it(
+def test_a_copy_is_taken_only_after_someone_held_the_lock(node: Node) -> None:
+    copy = StatusCopy(node.manager, node.topology, NODE)
+    assert copy.refresh()
+    first = copy.body()
+    assert copy.refresh()
+    assert copy.body() is first, "nothing held the lock since"
+    with node.manager:
+        pass
+    assert copy.refresh()
+    assert copy.body() is not first
+
+
+def test_status_has_a_listener_of_its_own_and_the_command_reads_it(
     node: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cpus = node.prepare("uid-a", "checkout-cpus", node.device(1), POD)
@@ -198,12 +242,11 @@ def test_status_is_served_beside_metrics_and_the_command_reads_it(
         frozenset().union(*(g.mems for g in node.manager.policy.grants("uid-a")))
     )
     fake_process(proc, 4242, f"ctr-{POD.name}-main", format_cpu_list(cpus), mems)
-    port, stop = httpserver.serve(
-        "127.0.0.1",
-        0,
-        Metrics().registry,
-        lambda: (True, {}),
-        lambda: status.cpu_map(node.manager, node.topology, NODE),
+    copy = StatusCopy(node.manager, node.topology, NODE)
+    assert copy.refresh()
+    port, stop = httpserver.serve("127.0.0.1", 0, httpserver.status_app(copy.body))
+    metrics_port, stop_metrics = httpserver.serve(
+        "127.0.0.1", 0, httpserver.metrics_app(Metrics().registry, lambda: (True, {}))
     )
     try:
         served = cpumap.fetch(f"0.0.0.0:{port}")  # any interface: this machine
@@ -213,11 +256,16 @@ def test_status_is_served_beside_metrics_and_the_command_reads_it(
         printed = json.loads(capsys.readouterr().out)
         assert main(["status", "--address", f"127.0.0.1:{port}", "--proc", str(proc)]) == 0
         text = capsys.readouterr().out
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            assert b"nodedra_orphan_claims" in response.read(), "the metrics are still there"
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=10) as r:
+            assert b"nodedra_orphan_claims" in r.read(), "the metrics' port has no map"
     finally:
         stop()
-    assert served == status.cpu_map(node.manager, node.topology, NODE)
+        stop_metrics()
+    assert {k: v for k, v in served.items() if k != "as_of"} == status.cpu_map(
+        node.manager, node.topology, NODE
+    )
     (container,) = printed["containers"]
     assert container["process"] == {
         "pid": 4242,
@@ -229,15 +277,52 @@ def test_status_is_served_beside_metrics_and_the_command_reads_it(
         k: v for k, v in served.items() if k != "containers"
     }
     assert "\x1b[" not in text, "no colour off a terminal"
+    assert f"as of {served['as_of']}" in text
     assert "claim shop/checkout-cpus" in text
     assert f"shop/checkout main  CPUs {format_cpu_list(cpus)}  ok: pid 4242" in text
 
 
+def test_a_burst_of_readers_gets_a_bounded_number_of_threads() -> None:
+    """Readers beyond ``MAX_THREADS`` wait in the listen queue, and are all answered."""
+    inside, most = [0], [0]
+    count, go = threading.Lock(), threading.Event()
+
+    def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        go.wait(30)
+        with count:
+            inside[0] -= 1
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    port, stop = httpserver.serve("127.0.0.1", 0, slow)
+    answers: list[bytes] = []
+
+    def read() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
+            answers.append(response.read())
+
+    readers = [threading.Thread(target=read) for _ in range(3 * httpserver.MAX_THREADS)]
+    try:
+        for reader in readers:
+            reader.start()
+        wait_until(lambda: inside[0] >= httpserver.MAX_THREADS)
+        go.wait(0.5)  # time for more to come in, were there no bound
+        assert most[0] == httpserver.MAX_THREADS
+    finally:
+        go.set()
+        for reader in readers:
+            reader.join(30)
+        stop()
+    assert answers == [b"ok"] * len(readers)
+    assert most[0] == httpserver.MAX_THREADS
+
+
 def test_the_command_says_why_it_has_no_map(capsys: pytest.CaptureFixture[str]) -> None:
-    answers: list[dict[str, Any]] = [{"schema": 2, "numa_nodes": []}]
-    port, stop = httpserver.serve(
-        "127.0.0.1", 0, Metrics().registry, lambda: (True, {}), lambda: answers[0]
-    )
+    answers = [json.dumps({"schema": 2, "numa_nodes": []}).encode()]
+    port, stop = httpserver.serve("127.0.0.1", 0, httpserver.status_app(lambda: answers[0]))
     try:
         assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
         assert "a CPU map of schema 2, this command reads schema 1" in capsys.readouterr().err
@@ -248,6 +333,14 @@ def test_the_command_says_why_it_has_no_map(capsys: pytest.CaptureFixture[str]) 
     assert f"cannot read http://127.0.0.1:{port}/status" in capsys.readouterr().err
     assert main(["status", "--address", ""]) == 2
     assert "no address" in capsys.readouterr().err
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
+    """Wait for ``condition`` to hold; fail after ``timeout`` seconds (a hang, not a speed)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 # /proc ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,11 @@ class ResourceManager:
             self._nri_socket = options.nri.socket_path
         self._pending: faults.SlotPoints | None = None
         """The request under the lock changed the books since the last save: its kind."""
+        self.holds = 0
+        """How many times the lock was taken (under it): every change holds it, so what was
+        read at one count is current as long as the count stays (``/status``'s copy)."""
+        self.released = threading.Event()
+        """Set whenever the lock is given back: for those waiting for the count to grow."""
 
     @property
     def policy(self) -> Policy:
@@ -120,6 +126,7 @@ class ResourceManager:
         """
         if not self._lock.acquire(blocking, timeout):
             return False
+        self.holds += 1
         try:
             self._catch_up()
         except BaseException:
@@ -134,6 +141,7 @@ class ResourceManager:
         `commit` may commit it with other requests. Those waiting in `acquire` go first.
         """
         self._lock.hold_for_request()
+        self.holds += 1
         try:
             self._catch_up()
             yield
@@ -155,6 +163,7 @@ class ResourceManager:
                 log.exception("committing the changes of a request that did not commit failed")
         due, self._updates_due = self._updates_due, False
         self._lock.release()
+        self.released.set()
         if due and self.nri is not None:
             self.nri.request_updates()
 
@@ -315,15 +324,16 @@ class ResourceManager:
                 pass
         return self.ledger.committed
 
-    def holdings(self, timeout: float) -> Holdings | None:
+    def holdings(self) -> Holdings | None:
         """Every claim's CPUs and every container's, at one moment; None if the lock is busy.
 
         For a person asking (``/status``): claims, whom they are reserved for and where
         each container runs must agree with each other, so they are read together under
-        the lock, waited for at most ``timeout`` seconds (kubelet requests come first).
-        Only copies leave it, and nothing here does I/O under it.
+        the lock; but only when nobody holds it or waits for it (kubelet requests and
+        runtime events come first), and only references to what does not change are taken
+        under it. The decisions of each container are made after, outside it.
         """
-        if not self.acquire(timeout=timeout):
+        if not self._lock.idle() or not self.acquire(blocking=False):
             return None
         try:
             policy = self._policy
@@ -333,17 +343,21 @@ class ResourceManager:
                 online=policy.online_cpus(),
                 allocated=policy.allocated_cpus(),
             )
+            reserved = policy.config.reserved_cpus
             pinner = self.containers
             if pinner is None:
-                return Holdings(books, policy.config.reserved_cpus, None, {}, None)
-            views = tuple(pinner.pinning.view(books))
-            pods = {pod.uid: pod for pod in pinner.pinning.pods.values() if pod.uid}
-            for view in views:
-                if view.pod.uid:
-                    pods.setdefault(view.pod.uid, view.pod)
-            return Holdings(books, policy.config.reserved_cpus, views, pods, pinner.connected)
+                return Holdings(books, reserved, None, {}, None)
+            pinning = pinner.pinning
+            tracked = pinning.tracked()
+            pods = {pod.uid: pod for pod in pinning.pods.values() if pod.uid}
+            connected = pinner.connected
         finally:
             self.release()
+        views = pinning.view(books, tracked)
+        for view in views:
+            if view.pod.uid:
+                pods.setdefault(view.pod.uid, view.pod)
+        return Holdings(books, reserved, tuple(views), pods, connected)
 
     # The PolicyHost protocol -----------------------------------------------------------
 

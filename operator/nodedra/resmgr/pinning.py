@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from nodedra.dra import container_claims
 from nodedra.nri import Container, CPUSet, Pod, Update
@@ -105,6 +106,14 @@ class ContainerView:
     def in_sync(self) -> bool:
         """Whether the runtime was told what the container should run on now."""
         return self.told is not None and same(self.wanted, self.told)
+
+
+class KnownContainer(NamedTuple):
+    """A container as the runtime last told us of it, copied (``Pinning.tracked``)."""
+
+    container: Container
+    pod: Pod
+    told: CPUSet | None
 
 
 @dataclass(frozen=True)
@@ -235,14 +244,18 @@ class Pinning:
                 ", ".join(f"{u} results {sorted(i)}" for u, i in decision.claims.items()),
             )
 
-    def view(self, books: Books) -> list[ContainerView]:
-        """Every known container, what it should run on and what the runtime was told.
+    def tracked(self) -> tuple[KnownContainer, ...]:
+        """What is known of every container now (under the lock): for :meth:`view`, after."""
+        return tuple(KnownContainer(k.container, k.pod, k.told) for k in self.containers.values())
+
+    def view(self, books: Books, tracked: Iterable[KnownContainer]) -> list[ContainerView]:
+        """Each of ``tracked``, what it should run on and what the runtime was told.
 
         A decision per container, as :meth:`stale` makes: for a person asking, not for
-        every event.
+        every event. Decisions read only ``books`` and the container, so this needs no lock.
         """
         views = []
-        for known in self.containers.values():
+        for known in tracked:
             decision = self.decide(known.pod, known.container, books)
             views.append(
                 ContainerView(

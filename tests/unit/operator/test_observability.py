@@ -129,9 +129,8 @@ def test_metrics_and_readiness_endpoints() -> None:
     metrics = Metrics()
     metrics.orphans.set(2)
     state = {"ready": False}
-    port, stop = httpserver.serve(
-        "127.0.0.1", 0, metrics.registry, lambda: (state["ready"], {"problems": ["x"]})
-    )
+    app = httpserver.metrics_app(metrics.registry, lambda: (state["ready"], {"problems": ["x"]}))
+    port, stop = httpserver.serve("127.0.0.1", 0, app)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()

@@ -13,6 +13,7 @@ from nodedra.settings import (
     SettingsError,
     add_arguments,
     load_settings,
+    split_address,
     to_environ,
 )
 
@@ -56,6 +57,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_LOG_FORMAT": "json",
         "NODEDRA_METRICS_ADDRESS": "127.0.0.1:1",
         "NODEDRA_HEALTH_ADDRESS": "",
+        "NODEDRA_STATUS_ADDRESS": "",
         "NODEDRA_WATCH_CLAIMS": "false",
         "NODEDRA_RELEASE_ORPHANS": "yes",
         "NODEDRA_ORPHAN_GRACE": "5",
@@ -67,7 +69,7 @@ def test_every_setting_has_an_environment_variable() -> None:
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
-    assert settings.health_address == ""
+    assert settings.health_address == settings.status_address == ""
     assert settings.watch_claims is False
     assert settings.release_orphans is True
     assert settings.config_required is True
@@ -78,6 +80,13 @@ def test_every_setting_has_an_environment_variable() -> None:
         "07",
     )
     assert load_settings(None, to_environ(settings)) == settings
+
+
+def test_the_cpu_map_is_served_on_localhost_by_default() -> None:
+    """It names the node's pods and claims: not for every pod of the cluster network."""
+    settings = load_settings(None, {"NODE_NAME": "n"})
+    assert split_address(settings.status_address) == ("127.0.0.1", 9465)
+    assert settings.status_address != settings.metrics_address
 
 
 @pytest.mark.parametrize(
@@ -92,6 +101,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         ({"NODE_NAME": "n", "NODEDRA_ORPHAN_GRACE": "soon"}, "NODEDRA_ORPHAN_GRACE: bad value"),
         ({"NODE_NAME": "n", "NODEDRA_METRICS_ADDRESS": "9464"}, "is not host:port"),
         ({"NODE_NAME": "n", "NODEDRA_HEALTH_ADDRESS": "h:99999"}, "is not host:port"),
+        ({"NODE_NAME": "n", "NODEDRA_STATUS_ADDRESS": ":x"}, "--status-address / .*:x"),
         ({"NODE_NAME": "n", "NODEDRA_PINNING": "always"}, "NODEDRA_PINNING: 'always' is not one"),
         ({"NODE_NAME": "n", "NODEDRA_NRI_INDEX": "5"}, "NODEDRA_NRI_INDEX: '5' is not two digits"),
     ],

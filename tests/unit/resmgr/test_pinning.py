@@ -114,11 +114,13 @@ def test_a_crossed_update_is_known_again_once_a_current_one_is_applied() -> None
     assert len(crossed) == 2
     books.books_changed()  # another commit while the sender's updates travel
     books.sent(crossed)
-    assert [v.told for v in books.view(BOOKS)] == [None, None], "either may be applied last"
+    assert [v.told for v in books.view(BOOKS, books.tracked())] == [None, None], (
+        "either may be applied last"
+    )
     current = books.stale_to_send(BOOKS)
     assert len(current) == 2
     books.sent(current)
-    views = {v.container.id: v for v in books.view(BOOKS)}
+    views = {v.container.id: v for v in books.view(BOOKS, books.tracked())}
     assert views["c1"].told == CPUSet("4-5", "0")
     assert views["c2"].told == CPUSet("0-3,6-29,31-55"), "its memory nodes: still unknown"
     assert all(v.in_sync for v in views.values()), "no update pending any more"
@@ -137,11 +139,11 @@ def test_a_failed_or_crossed_update_leaves_what_was_known() -> None:
     books.sent(crossed)
     failed = books.stale_to_send(BOOKS)
     books.sent(failed, failed=["c1"])
-    assert books.view(BOOKS)[0].told is None, "a failed update says nothing"
+    assert books.view(BOOKS, books.tracked())[0].told is None, "a failed update says nothing"
     assert books.behind
     (answer,) = books.stale(BOOKS)  # an event's answer carries it: known from the books now
     books.told([answer])
-    assert books.view(BOOKS)[0].in_sync
+    assert books.view(BOOKS, books.tracked())[0].in_sync
 
 
 def test_cpu_lists_are_compared_as_sets() -> None:
