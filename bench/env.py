@@ -151,6 +151,8 @@ class Spawned:
     process: PeerProcess
     metrics_url: str | None = None
     """``nodedra run``'s /metrics."""
+    status_url: str | None = None
+    """``nodedra run``'s /status (the CPU map)."""
 
     @property
     def pid(self) -> int:
@@ -324,6 +326,7 @@ class BenchCluster:
             "policy: topology-aware\n" + ('reservedCPUs: "0"\n' if nri_socket else "")
         )
         metrics = f"{LOOPBACK}:{free_port()}"
+        status = f"{LOOPBACK}:{free_port()}"
         argv = [
             sys.executable,
             "-m",
@@ -339,7 +342,7 @@ class BenchCluster:
             f"--config={config}",
             f"--metrics-address={metrics}",
             f"--health-address={LOOPBACK}:{free_port()}",
-            f"--status-address={LOOPBACK}:{free_port()}",
+            f"--status-address={status}",
             # As the DaemonSet runs it: sockets named after its pod, the instances' lock
             # (a short UID: the benchmark's directories are longer than /var/lib/kubelet).
             f"--pod-uid={uuid.uuid4().hex[:8]}",
@@ -353,6 +356,7 @@ class BenchCluster:
         env["NODEDRA_WATCH_CLAIMS"] = "true" if watch_claims else "false"
         spawned = self.spawn(name, argv, env=env)
         spawned.metrics_url = f"http://{metrics}/metrics"
+        spawned.status_url = f"http://{status}/status"
         return spawned
 
 

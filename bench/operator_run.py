@@ -5,7 +5,8 @@
    kubelet and to its slices being published; RSS and CPU at idle once start-up has
    settled, beside an idle Go driver; RSS and CPU under prepare/unprepare load through the
    kubelet's client (where the claim status writes and watch events it triggers come on
-   top), and the time to restore its slices after the kubelet-style wipe of the node's
+   top), one-claim prepares alone and while ``plan.status_readers`` clients read ``/status``
+   in a loop, and the time to restore its slices after the kubelet-style wipe of the node's
    slices (its slice watch included), beside the Go driver's.
 4. With the watch on and with ``NODEDRA_WATCH_CLAIMS=false``: the operator's CPU time and
    RSS while 1000 claims that are not its own are created (a third unallocated, a third
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,12 @@ def _process(
             f"{row['prepare_ms']['p50']:.1f} ms p99 {row['prepare_ms']['p99']:.1f} ms "
             f"({row['prepare_ms']['n']} calls)"
         )
+    readers = _during_status_readers(env, kubelet, op, plan)
+    say(
+        f"  nodedra prepare p50/p99 alone {_ms(readers['alone'])}, while "
+        f"{readers['readers']} clients read /status in a loop {_ms(readers['with_readers'])} "
+        f"({readers['reads']} reads)"
+    )
     after_load = usage(op.pid)
     wiped = time.monotonic()
     env.api.wipe_slices(f"spec.nodeName={NODE}")
@@ -146,6 +154,7 @@ def _process(
             "rss_high_water_mib": round(after_load.hwm_bytes / MIB, 1),
             "restore_after_wipe_seconds": restored["nodedra"],
             "during_claim_burst": burst["nodedra"],
+            "during_status_readers": readers,
         },
         "go": {
             "start_seconds": go_start,
@@ -235,6 +244,57 @@ def _during_burst(
         "claims": plan.watch_claims,
         "creating_seconds": round(seconds, 2),
         "prepare_ms": summary_ms(prepare),
+    }
+
+
+def _ms(case: dict[str, Any]) -> str:
+    return f"{case['prepare_ms']['p50']:.1f}/{case['prepare_ms']['p99']:.1f} ms"
+
+
+def _during_status_readers(
+    env: BenchCluster, kubelet: KubeletHarness, op: Spawned, plan: Plan
+) -> dict[str, Any]:
+    """One-claim prepares alone, then while clients read ``/status`` as fast as it answers.
+
+    What a person with ``watch nodedra status``, or a script, costs the kubelet: readers
+    are served a copy and take no lock, but they are served by nodedra's process.
+    """
+    assert op.status_url is not None
+    url = op.status_url
+    devices = poll(lambda: complete_pool(env.api.slices(NODE, TOPOLOGY_AWARE), 4), 60, "slices")
+    refs = create_claims(
+        env.api,
+        "bench-operator",
+        ["status-readers"],
+        [Allocation(TOPOLOGY_AWARE, NODE, devices[-1], CONSUMED)],
+    )
+    kubelet.bench_prepare(TOPOLOGY_AWARE, refs, 1, warmup=3, timeout=120)
+    alone = kubelet.bench_prepare(TOPOLOGY_AWARE, refs, plan.status_prepares, timeout=300)[0]
+    stopping = threading.Event()
+    reads = [0] * plan.status_readers
+
+    def read(index: int) -> None:
+        while not stopping.is_set():
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                answer.read()
+            reads[index] += 1
+
+    threads = [
+        threading.Thread(target=read, args=(i,), daemon=True) for i in range(plan.status_readers)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        busy = kubelet.bench_prepare(TOPOLOGY_AWARE, refs, plan.status_prepares, timeout=300)[0]
+    finally:
+        stopping.set()
+        for thread in threads:
+            thread.join(60)
+    return {
+        "readers": plan.status_readers,
+        "reads": sum(reads),
+        "alone": {"prepare_ms": summary_ms(alone)},
+        "with_readers": {"prepare_ms": summary_ms(busy)},
     }
 
 

@@ -53,6 +53,10 @@ class Plan:
     idle_seconds: float = 20.0
     operator_iterations: Mapping[int, int] = field(default_factory=lambda: {1: 150, 64: 12})
     watch_claims: int = 1000
+    status_readers: int = 16
+    """Clients reading ``/status`` in a loop while one-claim prepares are timed."""
+    status_prepares: int = 300
+    """One-claim prepares timed alone, and as many with the readers."""
     nri_iterations: int = 300
     """Containers with a claim (and as many without) created per NRI plugin."""
     nri_syncs: int = 5
@@ -79,6 +83,7 @@ class Plan:
             settle_seconds=4.0,
             idle_seconds=6.0,
             operator_iterations={1: 30, 64: 3},
+            status_prepares=40,
             nri_iterations=40,
             nri_syncs=2,
             scale_nodes=4,

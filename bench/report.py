@@ -283,6 +283,18 @@ def _process(results: dict[str, Any]) -> list[str]:
                 None,
             ]
         )
+    if "during_status_readers" in ours:
+        readers = ours["during_status_readers"]
+        rows.append(
+            [
+                "prepare p50 / p99 ms, 1-claim requests, alone / while "
+                f"{readers['readers']} clients read /status in a loop",
+                f"{_pair(readers['alone'])} / {_pair(readers['with_readers'])}",
+                None,
+                None,
+                None,
+            ]
+        )
     rows.append(
         [
             "all slices of the node wiped: restored after (s)",
