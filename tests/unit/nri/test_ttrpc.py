@@ -245,6 +245,8 @@ def test_a_request_behind_one_on_the_handler_thread_waits_its_turn() -> None:
         assert [peer.receive()[1].stream_id for _ in range(2)] == [1, 3]
         peer.call(5, "svc", "Third")  # the handler thread is done: this one goes inline
         peer.receive()
+        # Reported once the answer is on the wire: just after the peer may have it.
+        poll(lambda: len(answered) >= 3 or None, 30, lambda: f"3 answers told: {answered}")
     finally:
         connection.close()
         theirs.close()
