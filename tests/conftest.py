@@ -678,6 +678,8 @@ def pytest_runtest_makereport(
 #: A two-socket machine with four NUMA nodes and 56 CPUs: enough CPUs for claims and reserved
 #: CPUs to be told apart.
 NODEDRA_SYSFS = Path(__file__).resolve().parent / "fixtures/sysfs/two-socket-smt2-numa4"
+#: The setting that publishes topology-aware devices whole where the gate is off.
+WHOLE_NUMA_NODES_ENV = "NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES"
 
 
 @pytest.fixture(scope="session")
@@ -728,9 +730,16 @@ class NodedraFactory:
         metrics_port: int | None = None,
         pinning: str = "off",
         nri_socket: Path | None = None,
+        whole_numa_nodes: bool = True,
     ) -> NodedraProcess:
         """Start an instance for ``kubelet``'s node (a KubeletHarness or a RealNode, whose
-        registry dir it registers in; ``node_name=None``: pass none)."""
+        registry dir it registers in; ``node_name=None``: pass none).
+
+        ``whole_numa_nodes``: with NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES=true, so that the
+        runs whose API server has DRAConsumableCapacity off test the whole-device fallback
+        (where it is on, it changes nothing); the default, which withholds those devices, is
+        tests/integration/test_whole_numa_nodes.py's.
+        """
         if not self.config.exists():
             self.write_config({"policy": "topology-aware", "reservedCPUs": "0"})
         if kubeconfig is None:
@@ -749,7 +758,7 @@ class NodedraFactory:
             config=self.config,
             log_path=self._workdir / f"nodedra-{len(self.started)}.log",
             pod_uid=pod_uid,
-            env=env,
+            env={**({WHOLE_NUMA_NODES_ENV: "true"} if whole_numa_nodes else {}), **(env or {})},
             metrics_port=metrics_port,
             pinning=pinning,
             nri_socket=nri_socket,

@@ -14,6 +14,7 @@ and never fails nodedra nor whatever it was doing.
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import UTC, datetime
 
 from nodedra.dra import ClusterAPI
@@ -27,6 +28,8 @@ NOTE_LIMIT = 1024
 """Bytes of an Event's note the API server takes."""
 FIELD_LIMIT = 128
 """Characters of an Event's reportingInstance (and action, reason) the API server takes."""
+NAME_LIMIT = 253
+"""Characters of an object's name."""
 
 
 class NodeEvents:
@@ -55,7 +58,7 @@ class NodeEvents:
         return {
             "apiVersion": EVENTS_API_VERSION,
             "kind": "Event",
-            "metadata": {"generateName": f"{self._node}."},
+            "metadata": {"name": _event_name(self._node)},
             "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": self._controller,
             "reportingInstance": f"{self._controller}-{self._node}"[:FIELD_LIMIT],
@@ -76,6 +79,15 @@ class NodeEvents:
         if self._node_uid is None:
             self._node_uid = str(self._api.get_node(self._node)["metadata"]["uid"])
         return self._node_uid
+
+
+def _event_name(node: str) -> str:
+    """``<node>.<16 hex digits>``, as the kubelet names its Node Events.
+
+    A name, not a generateName of ``<node>.``: the API server checks an Event's
+    generateName as a whole name, and a name may not end in a dot.
+    """
+    return f"{node[: NAME_LIMIT - 17]}.{secrets.token_hex(8)}"
 
 
 def _truncated(text: str, limit: int) -> str:

@@ -62,6 +62,9 @@ class NodeUsage:
     capacity_missing: Mapping[str, int] = field(default_factory=dict)
     """Device capacity (``hugepages_1Gi``) -> claims holding more of it than their devices
     offer now (a boot with fewer huge pages)."""
+    devices_withheld: Mapping[str, int] = field(default_factory=dict)
+    """Feature gate -> devices not published because, with the gate off, a claim would take
+    each whole (topology-aware: a NUMA node)."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,19 @@ class _UsageCollector(Collector):
         if usage is None:
             return
         yield GaugeMetricFamily(
-            "nodedra_devices_published", "Devices the policy publishes.", value=usage.devices
+            "nodedra_devices_published",
+            "Devices the policy publishes (less those withheld).",
+            value=usage.devices,
         )
+        withheld = GaugeMetricFamily(
+            "nodedra_devices_withheld",
+            "Devices not published because the API server has the feature gate off and a claim "
+            "would take each whole (a NUMA node): see /readyz and the Node's Events.",
+            labels=["gate"],
+        )
+        for gate, count in sorted(usage.devices_withheld.items()):
+            withheld.add_metric([gate], count)
+        yield withheld
         yield GaugeMetricFamily(
             "nodedra_claims_held", "Claims the policy holds.", value=usage.claims
         )

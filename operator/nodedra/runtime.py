@@ -19,10 +19,10 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from nodedra import httpserver
+from nodedra import httpserver, wholenuma
 from nodedra.claims import ClaimFeed, ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
-from nodedra.dra import ClaimRef, KubeClusterAPI, driver_name
+from nodedra.dra import ClaimRef, KubeClusterAPI, Withheld, driver_name
 from nodedra.dra.requests import FETCH_WORKERS
 from nodedra.nodeevents import NodeEvents
 from nodedra.nri import PluginOptions
@@ -164,6 +164,8 @@ class Runtime:
                 rolling_update_uid=settings.pod_uid,
                 resync_period=settings.resync_period,
                 observer=observers,
+                whole_devices_allowed=settings.allow_whole_numa_node_devices,
+                on_withheld=self._devices_withheld,
                 pinning=settings.pinning,
                 nri=PluginOptions(
                     socket_path=settings.nri_socket,
@@ -279,7 +281,10 @@ class Runtime:
         runtime = self.manager.runtime_ready() if pinning else None
         if pinning and not runtime:
             problems.append(f"containers are not pinned: {self.manager.runtime_detail()}")
-        return health.ready and runtime is not False, {
+        withheld = self.manager.plugin.withheld()  # a node offering nothing needs a person
+        if withheld is not None:
+            problems.append(wholenuma.problem(withheld))
+        return health.ready and runtime is not False and withheld is None, {
             "driver": self.driver,
             "serving": health.serving,
             "registered": health.registered,
@@ -287,6 +292,10 @@ class Runtime:
             "runtime": runtime,
             "problems": problems,
         }
+
+    def _devices_withheld(self, withheld: Withheld) -> None:
+        """The plugin withholds devices (from its publishing thread): log it, post an Event."""
+        wholenuma.report_in_background(withheld, self.events)
 
     def _claim_seen(self, ref: ClaimRef, claim: dict[str, Any]) -> None:
         """A claim of ours changed: its status may need writing, its pods pinning."""
@@ -321,8 +330,9 @@ class Runtime:
             policy = self.manager.policy
             allocated, free = policy.usage()
             containers = self.manager.containers
+            held_back = wholenuma.counts(self.manager.plugin.withheld())
             return NodeUsage(
-                len(policy.devices()),
+                max(len(policy.devices()) - sum(held_back.values()), 0),
                 len(policy.claim_uids()),
                 allocated,
                 free,
@@ -339,6 +349,7 @@ class Runtime:
                 ),
                 feature_gates=self.manager.plugin.feature_gates(),
                 capacity_missing=claims_short(policy.shortfalls()),
+                devices_withheld=held_back,
             )
         finally:
             self.manager.release()

@@ -56,6 +56,7 @@ class Settings:
     pinning: str = "required"
     nri_socket: Path = DEFAULT_SOCKET
     nri_index: str = "50"
+    allow_whole_numa_node_devices: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ FLAGS = (
     ),
     _Flag("nri_socket", "NODEDRA_NRI_SOCKET", "the container runtime's NRI socket"),
     _Flag("nri_index", "NODEDRA_NRI_INDEX", "the NRI plugin index, two digits (50)"),
+    _Flag(
+        "allow_whole_numa_node_devices",
+        "NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES",
+        "publish the topology-aware devices where the API server has DRAConsumableCapacity "
+        "off, though a claim of one then takes its whole NUMA node (default: false, they "
+        "are withheld)",
+    ),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}
 

@@ -495,6 +495,16 @@ def test_every_pinning_mode_of_nodedra_renders(tools: Tools, mode: str) -> None:
     assert ("NODEDRA_PINNING" in environment(rendered)) == (mode != Settings.pinning)
 
 
+@pytest.mark.parametrize("allowed", [False, True])
+def test_whole_numa_node_devices_are_allowed_only_when_asked(
+    tools: Tools, *, allowed: bool
+) -> None:
+    rendered = tools.template("nodedra", "--set", f"allowWholeNUMANodeDevices={allowed}")
+    assert settings_of(rendered).allow_whole_numa_node_devices is allowed
+    # The default stays unset, so that default values render manifests/ exactly.
+    assert ("NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES" in environment(rendered)) is allowed
+
+
 @pytest.mark.parametrize(
     ("value", "annotations"),
     [

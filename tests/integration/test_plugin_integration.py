@@ -61,6 +61,7 @@ class Nodedra:
             cdi_dir=workdir / "cdi",
             state_dir=workdir / "state",
             resync_period=1.0,
+            whole_devices_allowed=True,  # the fallback where the gate is off, as it says
         )
         self.api = api
         self.shutdowns: list[str] = []
@@ -220,6 +221,7 @@ def plain_plugin(api: ApiClient, node: str, workdir: Path, driver: str) -> Plugi
             plugin_data_dir=workdir / "plugin",
             cdi_dir=workdir / "cdi",
             resync_period=1.0,
+            whole_devices_allowed=True,  # the fallback where the gate is off, as it says
         ),
     )
 

@@ -20,6 +20,7 @@ from .names import (
 )
 from .plugin import Options, Plugin, PluginSettings
 from .results import PreparedDevice, PrepareResult
+from .withheld import Withheld
 
 __all__ = [
     "DRA_DOMAIN",
@@ -45,6 +46,7 @@ __all__ = [
     "RecoverableError",
     "RequestObserver",
     "RequestReport",
+    "Withheld",
     "claim_configs",
     "claim_of_cdi_device",
     "container_claims",

@@ -15,7 +15,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from .requests import ClaimRequests, conflicts
 from .results import PrepareResult
 from .service import PluginServers
 from .slices import ApplyReport, Device, SliceApplier
+from .withheld import WholeDevices, Withheld
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,10 @@ class PluginSettings:
     """Seconds between checks that our ResourceSlices are still as published."""
     observer: RequestObserver | None = None
     """Told about every kubelet request once it is answered (metrics, claim status)."""
+    whole_devices_allowed: bool = False
+    """Publish devices offered in parts whole where the server drops consumable capacity."""
+    on_withheld: Callable[[Withheld], None] | None = None
+    """Told when devices start being withheld instead (see `withheld`); must not block."""
 
     def plugin_settings(self) -> dict[str, Any]:
         """These settings as keyword arguments (of :class:`Options`, say)."""
@@ -111,6 +116,9 @@ class Plugin:
         self._publisher: SlicePublisher | None = None
         self._allowed = threading.Event()
         self._gates = GateProbe(self._api, self._options.node_name, self._driver)
+        self._whole = WholeDevices(
+            self._gates, allowed=options.whole_devices_allowed, on_withheld=options.on_withheld
+        )
         self._metadata = MetadataStore(driver_name, self._plugin_data_dir)
         self._requests = ClaimRequests(
             driver_name,
@@ -164,7 +172,7 @@ class Plugin:
                 SliceApplier(self._api, self._options.node_name, self._driver),
                 self.handle_error,
                 resync_period=self._options.resync_period,
-                adapt=self._gates.as_kept,
+                adapt=self._whole.adapt,
             )
             publisher.publish(self._devices)
             servers.start()
@@ -246,11 +254,14 @@ class Plugin:
     def feature_gates(self) -> dict[str, bool]:
         """The API server's feature gates probed so far, and whether each is on.
 
-        Devices are published without the fields of gates that are off, so that the server
-        stores what we publish: ``nodeAllocatableResources`` without
-        DRANodeAllocatableResources (said once, as a warning, when first published).
+        Devices are published without the fields of gates that are off (said once, as a
+        warning), so that the server stores what we publish.
         """
         return self._gates.known()
+
+    def withheld(self) -> Withheld | None:
+        """The devices the last publication left out rather than publish them whole."""
+        return self._whole.withheld()
 
     # Errors and health ---------------------------------------------------------------
 

@@ -222,9 +222,10 @@ CONSUMABLE_CAPACITY = Gate(
     lambda device: device.get("allowMultipleAllocations") is True,
     uses=_uses_consumable_capacity,
     without=_without_consumable_capacity,
-    missing="devices are published without allowMultipleAllocations and request policies, so "
-    "a claim gets a whole device (a whole NUMA node with the topology-aware policy; turn the "
-    "gate on in the API server, the scheduler and the kubelet, then restart nodedra)",
+    missing="a claim would get the whole of a device offered in parts (a whole NUMA node with "
+    "the topology-aware policy): such devices are withheld, or where allowed published whole, "
+    "without allowMultipleAllocations and request policies (turn the gate on in the API "
+    "server, the scheduler and the kubelet, then restart nodedra)",
 )
 PUBLISHED_FIELD_GATES = (CONSUMABLE_CAPACITY, NODE_ALLOCATABLE_RESOURCES)
 """The gates whose fields devices are published with only while the gate is on."""

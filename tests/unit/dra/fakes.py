@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,8 @@ from typing import Any
 from nodedra.dra import AllocationResult, KubeAPIError
 
 DRIVER = "test.nri.io"
+SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+"""A DNS subdomain (RFC 1123), what the API server takes as an object's name."""
 NODE = "node-a"
 
 
@@ -296,13 +299,17 @@ class FakeCluster:
             problems.append("note")
         if any(len(event.get(f, "")) > 128 for f in ("reportingInstance", "action", "reason")):
             problems.append("length")
+        meta = event.setdefault("metadata", {})
+        if "generateName" in meta:  # the API server checks it as a whole name, for Events
+            meta["name"] = meta.pop("generateName")
+        name = meta.get("name", "")
+        if len(name) > 253 or not re.fullmatch(SUBDOMAIN, name):
+            problems.append("metadata.name")
         regarding = event.get("regarding", {})
         if not regarding.get("namespace") and namespace not in ("default", "kube-system"):
             problems.append("namespace")
         if problems or event.get("apiVersion") != "events.k8s.io/v1":
             raise KubeAPIError(422, f"Event is invalid: {problems}")
-        meta = event.setdefault("metadata", {})
-        meta["name"] = meta.pop("generateName", "") + f"{next(self._names):05d}"
         meta["namespace"] = namespace
         with self.lock:
             self.events.append(event)

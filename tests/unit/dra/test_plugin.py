@@ -338,12 +338,15 @@ def test_a_forbidden_probe_on_a_node_that_declares_the_feature_is_an_error(rig: 
     assert rig.cluster.pool_devices() == mapped(1)
 
 
-def test_without_consumable_capacity_devices_are_published_whole(
+def test_without_consumable_capacity_devices_allowed_whole_are_published_whole(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No multiple allocations or request policies, and a mapping of consumed capacity
-    becomes what the whole device is: a claim then gets all of it."""
+    becomes what the whole device is: a claim then gets all of it. (Not allowed, such a
+    device is withheld: test_withheld.py.)"""
     rig.cluster.keeps_consumable_capacity = False
+    rig.options.whole_devices_allowed = True
+    rig.plugin = Plugin(DRIVER, rig.options)
     shared = {
         "name": "numa0",
         "capacity": {
@@ -371,7 +374,8 @@ def test_without_consumable_capacity_devices_are_published_whole(
         "DRAConsumableCapacity": False,
         "DRANodeAllocatableResources": True,
     }
-    assert "a claim gets a whole device" in caplog.text
+    assert "a claim would get the whole of a device offered in parts" in caplog.text
+    assert rig.plugin.withheld() is None
 
 
 def test_devices_without_mappings_ask_nothing(rig: Rig) -> None:

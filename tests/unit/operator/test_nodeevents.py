@@ -44,7 +44,7 @@ def test_a_warning_regards_the_node_and_says_what_and_who() -> None:
 
 
 def test_a_long_note_and_a_long_node_name_are_cut_to_what_the_server_takes() -> None:
-    node = "n" * 200
+    node = "n" * 253  # the longest a node's name can be
     cluster = FakeCluster(node)
     events = NodeEvents(cluster, node, DRIVER)
     assert events.warning("HugePagesMissing", "KeepClaim", "é" * 1000)

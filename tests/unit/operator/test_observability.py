@@ -125,6 +125,15 @@ def test_claims_holding_capacity_no_longer_offered_are_counted_by_capacity() -> 
     assert sample(metrics, "nodedra_claims_capacity_missing", {"capacity": "hugepages_1Gi"}) is None
 
 
+def test_devices_withheld_are_counted_by_gate() -> None:
+    usage = [NodeUsage(0, 0, {}, {}, devices_withheld={"DRAConsumableCapacity": 2})]
+    metrics = Metrics(lambda: usage[0])
+    assert sample(metrics, "nodedra_devices_withheld", {"gate": "DRAConsumableCapacity"}) == 2
+    assert sample(metrics, "nodedra_devices_published") == 0
+    usage[0] = NodeUsage(2, 0, {}, {})  # allowed whole, or the gate turned on
+    assert sample(metrics, "nodedra_devices_withheld", {"gate": "DRAConsumableCapacity"}) is None
+
+
 def test_metrics_and_readiness_endpoints() -> None:
     metrics = Metrics()
     metrics.orphans.set(2)

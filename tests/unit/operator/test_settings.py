@@ -30,6 +30,7 @@ def test_defaults() -> None:
     assert settings.watch_claims is True
     assert settings.release_orphans is False
     assert settings.config_required is False
+    assert settings.allow_whole_numa_node_devices is False
 
 
 def test_flags_win_over_environment() -> None:
@@ -66,6 +67,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_PINNING": "best-effort",
         "NODEDRA_NRI_SOCKET": "/run/nri.sock",
         "NODEDRA_NRI_INDEX": "07",
+        "NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES": "true",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -74,6 +76,7 @@ def test_every_setting_has_an_environment_variable() -> None:
     assert settings.release_orphans is True
     assert settings.config_required is True
     assert settings.orphan_grace == 5.0
+    assert settings.allow_whole_numa_node_devices is True
     assert (settings.pinning, settings.nri_socket, settings.nri_index) == (
         "best-effort",
         Path("/run/nri.sock"),
