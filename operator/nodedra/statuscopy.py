@@ -3,7 +3,8 @@
 The map is read under the resource manager's lock, which kubelet requests and runtime
 events wait for. If each reader of ``/status`` took it, a few people (or one script in a
 loop) would make the kubelet wait: sixteen readers holding it a few milliseconds each once
-put the kubelet's lock waits in the tens of milliseconds. So readers never take it. One
+put the kubelet's lock waits in the tens of milliseconds. So readers never take it (they
+still cost the CPU it takes to answer them: ``docs/cpu-map.md``). One
 thread keeps a copy: it wakes when anyone has given the lock back since its last copy
 (every change holds the lock), takes the lock only at a moment nobody holds it or waits for
 it, copies what it needs, and builds the JSON outside it; it does so at most every
