@@ -87,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="nodedra", description="A DRA driver for CPUs and memory."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"nodedra {__version__}", help="print the version"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("version", help="print the version")
     topology = commands.add_parser(

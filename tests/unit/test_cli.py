@@ -1,4 +1,4 @@
-"""``nodedra version`` and ``nodedra topology`` on this machine and on every fixture."""
+"""``nodedra version``, ``--version`` and ``nodedra topology`` here and on every fixture."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ from tests.unit.policy.conftest import FIXTURES, SHAPES
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
+    assert capsys.readouterr().out == f"nodedra {__version__}\n"
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``nodedra --version`` prints what ``nodedra version`` does, and needs no command."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
     assert capsys.readouterr().out == f"nodedra {__version__}\n"
 
 
