@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # nodedra: one pod per node (manifests/daemonset.yaml). Build from the repository root:
-#   docker build -t nodedra:0.1.0 .
+#   docker build -t nodedra:0.2.0 .
 # Without Docker (as root, e.g. on a test machine): python -m tests.peers.image builds the same
 # image as an OCI archive for `ctr images import`, and `tox -e dockerfile` builds this file
 # itself with buildah (tests/peers/dockerfile_image.py) and compares the two images.

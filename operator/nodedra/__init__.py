@@ -1,3 +1,3 @@
 """nodedra: a Kubernetes DRA driver for a node's own CPUs and memory."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

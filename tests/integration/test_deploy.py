@@ -25,10 +25,12 @@ from typing import Any
 
 import pytest
 
+from nodedra import __version__
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import poll, resource_slices
 from tests.peers.deployment import NAMESPACE, POD_SELECTOR, DeploymentCluster
+from tests.peers.image import DEFAULT_NAME as IMAGE
 from tests.peers.nodedra_node import (
     MANIFESTS,
     ROOT,
@@ -107,7 +109,7 @@ def test_daemonset_pod_serves_the_node(deployed: DeploymentCluster) -> None:
     assert pod["spec"]["serviceAccountName"] == "nodedra"
     assert not pod["spec"].get("hostNetwork"), "the manifests' pod is on the pod network"
     (container,) = pod["status"]["containerStatuses"]
-    assert container["image"] == "docker.io/library/nodedra:0.1.0"
+    assert container["image"] == IMAGE
     assert container["restartCount"] == 0
     slices = resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE)
     assert slices, "no ResourceSlice of the node"
@@ -337,9 +339,7 @@ def test_rolling_update_loses_nothing(deployed: DeploymentCluster, tmp_path: Pat
     given, allowed = _demo_cpus(deployed)
     log_offset = deployed.node.log_paths()["kubelet"].stat().st_size
 
-    deployed.node.ctr(
-        "images", "tag", "docker.io/library/nodedra:0.1.0", "docker.io/library/nodedra:0.1.0-update"
-    )
+    deployed.node.ctr("images", "tag", IMAGE, f"{IMAGE}-update")
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
@@ -347,7 +347,7 @@ def test_rolling_update_loses_nothing(deployed: DeploymentCluster, tmp_path: Pat
         "kind: Kustomization\n"
         # kustomize takes another kustomization only by a relative path, as overlays do.
         f"resources:\n  - {os.path.relpath(MANIFESTS, overlay)}\n"
-        "images:\n  - name: nodedra\n    newTag: 0.1.0-update\n"
+        f"images:\n  - name: nodedra\n    newTag: {__version__}-update\n"
     )
     pods = _PodWatch(deployed)
     slices = _SliceWatch(deployed)
@@ -367,7 +367,7 @@ def test_rolling_update_loses_nothing(deployed: DeploymentCluster, tmp_path: Pat
         pods.stop()
 
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    assert new["spec"]["containers"][0]["image"] == "nodedra:0.1.0-update"
+    assert new["spec"]["containers"][0]["image"] == f"nodedra:{__version__}-update"
     assert pods.exit_codes(old["metadata"]["uid"]) == {0}
     assert slices.empty == 0, "the node had no slices for a while"
     assert slices.uids == set(before_slices.values()), "slices were deleted and made again"

@@ -271,7 +271,11 @@ def test_field_diffs_name_the_fields_that_differ() -> None:
         "kind": "DaemonSet",
         "spec": {
             "containers": [
-                {"name": "nodedra", "env": [{"name": "A", "value": "1"}], "image": "nodedra:0.1.0"}
+                {
+                    "name": "nodedra",
+                    "env": [{"name": "A", "value": "1"}],
+                    "image": f"nodedra:{__version__}",
+                }
             ],
             "flag": True,
             "labels": {"app.kubernetes.io/name": "nodedra"},
@@ -284,18 +288,21 @@ def test_field_diffs_name_the_fields_that_differ() -> None:
                 {
                     "name": "nodedra",
                     "env": [{"name": "A", "value": "2"}, {"name": "B", "value": "x"}],
-                    "image": "nodedra:0.1.0",
+                    "image": f"nodedra:{__version__}",
                 }
             ],
             "flag": 1,
-            "labels": {"app.kubernetes.io/name": "nodedra", "helm.sh/chart": "nodedra-0.1.0"},
+            "labels": {
+                "app.kubernetes.io/name": "nodedra",
+                "helm.sh/chart": f"nodedra-{__version__}",
+            },
         },
     }
     assert field_diffs(chart, manifests) == [
         'spec.containers[name=nodedra].env[name=A].value: chart "2", manifests/ "1"',
         'spec.containers[name=nodedra].env[name=B]: only in the chart: {"name": "B", "value": "x"}',
         "spec.flag: chart 1, manifests/ true",
-        'spec.labels["helm.sh/chart"]: only in the chart: "nodedra-0.1.0"',
+        f'spec.labels["helm.sh/chart"]: only in the chart: "nodedra-{__version__}"',
     ]
     assert field_diffs(manifests, manifests) == []
     config = {"kind": "ConfigMap", "data": {"config.yaml": "# a comment\npolicy: static\n"}}

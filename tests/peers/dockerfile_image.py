@@ -2,7 +2,7 @@
 
 tests.peers.image builds the image from image/ with debootstrap and chroot, and
 tests/unit/test_image_recipe.py checks that the Dockerfile's text installs that same recipe.
-This module runs the Dockerfile itself, as an admin's ``docker build -t nodedra:0.1.0 .``
+This module runs the Dockerfile itself, as an admin's ``docker build -t nodedra:<version> .``
 would: ``buildah bud`` (Debian bookworm's buildah 1.28, which needs no daemon) of the
 repository root with its ``Dockerfile`` and ``.dockerignore`` unchanged, with chroot
 isolation, the vfs storage driver (no overlay or FUSE mounts) and a storage of its own in a

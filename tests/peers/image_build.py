@@ -51,7 +51,7 @@ class NodedraImage:
     """A built image: the archive ``ctr images import`` takes and what it holds."""
 
     name: str
-    """The reference containerd names it by (``docker.io/library/nodedra:0.1.0``)."""
+    """The reference containerd names it by (``docker.io/library/nodedra:<version>``)."""
     archive: Path
     digest: str
     """Of the image manifest."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from nodedra import __version__
 from nodedra.inventory import inventory
 from nodedra.policy import load_config
 from nodedra.resmgr.checkpoint import FILE_NAME
@@ -263,7 +264,7 @@ def pod_identity(
                 # The token comes from the TokenRequest below, not from a volume.
                 "automountServiceAccountToken": False,
                 "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "nodedra", "image": "nodedra:0.1.0"}],
+                "containers": [{"name": "nodedra", "image": f"nodedra:{__version__}"}],
             },
         },
     )

@@ -611,7 +611,7 @@ def test_layers_archive_structure(tmp_path: Path) -> None:
         working_dir="/",
         user="root",
     )
-    name = "docker.io/library/nodedra:0.1.0"
+    name = f"docker.io/library/nodedra:{__version__}"
     archive_path = tmp_path / "image.tar"
 
     digest = write_layers_archive(name, layers, config, archive_path)
@@ -624,7 +624,7 @@ def test_layers_archive_structure(tmp_path: Path) -> None:
     assert entry["mediaType"] == MEDIA_MANIFEST
     assert entry["annotations"] == {
         "io.containerd.image.name": name,
-        "org.opencontainers.image.ref.name": "0.1.0",
+        "org.opencontainers.image.ref.name": __version__,
     }
     assert len(archive.blob(digest)) == entry["size"]
     manifest = json.loads(archive.blob(digest))

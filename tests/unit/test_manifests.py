@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from nodedra import __version__
 from nodedra.dra import driver_name
 from nodedra.nri import DEFAULT_SOCKET
 from nodedra.nri.plugin import PLUGIN_NAME
@@ -305,7 +306,7 @@ def test_daemonset_pod_settings() -> None:
     assert not pod.get("hostNetwork")
 
     container = _container()
-    assert container["image"] == "nodedra:0.1.0"
+    assert container["image"] == f"nodedra:{__version__}"
     assert container["command"] == ["nodedra", "run"]
     assert container["resources"] == {
         "requests": {"cpu": "50m", "memory": "96Mi"},
