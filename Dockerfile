@@ -25,11 +25,12 @@ RUN --mount=type=bind,source=image,target=/image \
 
 # The wheels of nodedra and its dependencies, and pip's (install.sh runs pip from its wheel),
 # for CPython 3.11 on glibc 2.36: bookworm's. Only what the package is built from (setup.cfg
-# reads README.md as the long description). This stage never reaches the image.
+# reads README.md as the long description; the wheel carries LICENSE). This stage never
+# reaches the image.
 FROM python:3.11-slim-bookworm AS wheels
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml setup.cfg README.md ./
+COPY pyproject.toml setup.cfg README.md LICENSE ./
 COPY operator/ operator/
 COPY grpc_gen/ grpc_gen/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels . pip

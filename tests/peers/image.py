@@ -65,8 +65,16 @@ INSTALL_SCRIPT = IMAGE_DIR / "install.sh"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
 #: What nodedra's wheel is built from, relative to the repository root: what the Dockerfile's
-#: wheel stage copies (setup.cfg reads README.md as the long description).
-SOURCES: tuple[str, ...] = ("pyproject.toml", "setup.cfg", "README.md", "operator", "grpc_gen")
+#: wheel stage copies (setup.cfg reads README.md as the long description; the wheel carries
+#: LICENSE).
+SOURCES: tuple[str, ...] = (
+    "pyproject.toml",
+    "setup.cfg",
+    "README.md",
+    "LICENSE",
+    "operator",
+    "grpc_gen",
+)
 
 #: nodedra's venv, as image/install.sh makes it.
 VENV = "/opt/nodedra"
