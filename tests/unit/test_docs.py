@@ -33,7 +33,13 @@ from nodedra.settings import FLAGS
 from tests.peers.peer_groups import ENV_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+#: The README first; the rest are the pages it links.
+PAGES = (
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    ROOT / "SECURITY.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+)
 
 #: Flags the pages quote on their own (in a code span) that are other programs' flags, not
 #: nodedra's: each with whose it is.
