@@ -40,6 +40,8 @@ TESTS = (
     "tests/integration/test_operator.py",
     "tests/integration/test_node_allocatable.py",
     "tests/integration/test_whole_cores.py",
+    # docs/lifecycle.md's feature gates for each release, against its API server.
+    "tests/integration/test_lifecycle.py::test_the_gates_are_those_of_this_release",
 )
 #: With only GA DRA at the older releases: registration, publication, prepare, the node's
 #: allocatable and device health.

@@ -189,6 +189,7 @@ def _kubernetes_group(version: str) -> PeerGroup:
             "kubelet": "k8s.io/kubernetes/cmd/kubelet",
             "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            "kubeadm": "k8s.io/kubernetes/cmd/kubeadm",
             "go-driver": "./cmd/go-driver",
         },
         ldflags=_kubernetes_ldflags(version),
@@ -391,6 +392,8 @@ NODE_PEERS: tuple[str, ...] = (
     "kube-proxy",
     "kubectl",
     "helm",
+    # kubeadm checks the configuration files docs/lifecycle.md gives an admin.
+    "kubeadm",
 )
 
 
