@@ -205,6 +205,8 @@ def test_requests_are_handled_on_the_reader_while_inline_is_allowed() -> None:
     try:
         peer.call(1, "svc", "A")
         peer.receive()
+        # The handler thread lets go just after the answer is on the wire.
+        poll(lambda: connection._handed == 0 or None, 30, lambda: "the handler thread done")
         inline.set()
         peer.call(3, "svc", "B")
         peer.receive()
@@ -243,6 +245,7 @@ def test_a_request_behind_one_on_the_handler_thread_waits_its_turn() -> None:
         poll(lambda: connection._handed == 2 or None, 30, lambda: "the second handed over")
         release_first.set()
         assert [peer.receive()[1].stream_id for _ in range(2)] == [1, 3]
+        poll(lambda: connection._handed == 0 or None, 30, lambda: "the handler thread done")
         peer.call(5, "svc", "Third")  # the handler thread is done: this one goes inline
         peer.receive()
         # Reported once the answer is on the wire: just after the peer may have it.
