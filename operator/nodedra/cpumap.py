@@ -225,17 +225,22 @@ class _Drawing:
             yield ""
             memory = f", memory {_size(node['memory'])}" if node["memory"] else ""
             yield f"NUMA node {node['id']}: CPUs {node['cpus'] or 'none'}{memory}"
-            cells = [self.core(core, digits, marks) for core in node["cores"]]
-            cell_width = max((len(plain) for plain, _ in cells), default=0)
+            caches: dict[int | None, list[tuple[str, str]]] = {}
+            for core in node["cores"]:
+                caches.setdefault(core.get("l3_cache"), []).append(self.core(core, digits, marks))
+            cell_width = max((len(p) for cells in caches.values() for p, _ in cells), default=0)
             per_line = max(1, (self.width - 2) // (cell_width + 1))
-            for start in range(0, len(cells), per_line):
-                row = cells[start : start + per_line]
-                yield (
-                    "  "
-                    + " ".join(
-                        painted + " " * (cell_width - len(plain)) for plain, painted in row
-                    ).rstrip()
-                )
+            for cache, cells in caches.items():
+                if len(caches) > 1:  # the node's cores by the L3 cache they share
+                    yield f"  L3 cache {cache}:"
+                for start in range(0, len(cells), per_line):
+                    row = cells[start : start + per_line]
+                    yield (
+                        "  "
+                        + " ".join(
+                            painted + " " * (cell_width - len(plain)) for plain, painted in row
+                        ).rstrip()
+                    )
 
     def core(self, core: Mapping[str, Any], digits: int, marks: int) -> tuple[str, str]:
         """A core's cell, plain (for its width) and painted."""

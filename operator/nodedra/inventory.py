@@ -54,14 +54,17 @@ def _text(topology: Topology, data: dict[str, Any]) -> Iterator[str]:
     )
     yield (
         f"packages: {len(topology.packages())}, cores: {len(topology.cores())}, "
-        f"threads per core: {topology.threads_per_core}"
+        f"threads per core: {topology.threads_per_core}, "
+        f"L3 caches: {len(topology.l3_caches()) or 'not shown by the kernel'}"
     )
     for node in topology.nodes.values():
         hugepages = ", ".join(f"{n}x{size >> 10}KiB" for size, n in node.hugepages.items() if n)
+        caches = {c for c in (topology.cpus[c].l3_cache for c in node.cpus) if c is not None}
         yield (
             f"NUMA node {node.id}: CPUs {format_cpu_list(node.cpus) or 'none'}, "
             f"memory {node.memory / 2**30:.1f} GiB, "
             f"distances {','.join(map(str, node.distances.values()))}"
+            + (f", L3 caches {format_cpu_list(caches)}" if caches else "")
             + (f", hugepages {hugepages}" if hugepages else "")
         )
     for policy, devices in data["devices"].items():

@@ -64,6 +64,7 @@ def build(
                 "package": package,
                 "die": die,
                 "core": core,
+                "l3_cache": topology.cpus[cpus[0]].l3_cache,
                 "cpus": [_cpu(cpu, reserved, owner) for cpu in cpus],
             }
             for (package, die, core), cpus in topology.cores().items()

@@ -81,6 +81,8 @@ class StaticPolicy(ExclusiveCPUPolicy):
             attributes["cluster"] = {"int": first.cluster}
         if first.core_type is not None:
             attributes["coreType"] = {"string": first.core_type}
+        if first.l3_cache is not None:  # for matchAttribute: CPUs sharing one L3 cache
+            attributes["l3Cache"] = {"int": first.l3_cache}
         if self._config.full_physical_cores:
             attributes["threads"] = {"int": len(cpus)}
         return attributes

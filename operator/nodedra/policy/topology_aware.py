@@ -261,8 +261,14 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                     f"{amount} bytes of {hugepages.capacity_name(size)} asked for, only "
                     f"{max(pages_free[size], 0)} free on {result.device}"
                 )
-        picked = pick_cpus(self._topology, free, wants.cpus)
-        if not self._whole(picked):
+        whole_cores = self._config.full_physical_cores
+        try:
+            picked: frozenset[int] | None = pick_cpus(
+                self._topology, free, wants.cpus, whole_cores=whole_cores
+            )
+        except ValueError:  # only with whole cores: fewer CPUs of them than free CPUs
+            picked = None
+        if picked is None or not self._whole(picked):
             raise PolicyError(
                 f"{wants.cpus} CPUs are no whole number of the free cores of {result.device}"
             )

@@ -58,6 +58,9 @@ class CPU:
     """"performance" or "efficiency" on a hybrid machine, else None."""
     isolated: bool
     """Whether the kernel isolated the CPU from the scheduler (``isolcpus=``)."""
+    l3_cache: int | None = None
+    """The kernel's id of the L3 cache the CPU shares with others, or None where the kernel
+    shows none (many VMs, older kernels without cache ids and nothing to stand in for one)."""
 
     def __post_init__(self) -> None:
         """Freeze ``siblings`` and refuse a CPU that is not among its own siblings."""
@@ -188,6 +191,15 @@ class Topology:
         """Physical core -> its online CPUs (hardware threads), both ascending."""
         return _group({cpu.id: cpu.core_key for cpu in self.cpus.values()})
 
+    def l3_caches(self) -> Mapping[int, tuple[int, ...]]:
+        """L3 cache id -> the online CPUs sharing it, both ascending.
+
+        CPUs without a known L3 cache are in none.
+        """
+        return _group(
+            {cpu.id: cpu.l3_cache for cpu in self.cpus.values() if cpu.l3_cache is not None}
+        )
+
     def packages(self) -> Mapping[int, tuple[int, ...]]:
         """Package (socket) id -> its online CPUs, both ascending."""
         return _group({cpu.id: cpu.package for cpu in self.cpus.values()})
@@ -226,6 +238,7 @@ class Topology:
                 "siblings_cpulist": format_cpu_list(cpu.siblings),
                 "core_type": cpu.core_type,
                 "isolated": cpu.isolated,
+                "l3_cache": cpu.l3_cache,
             }
             for cpu in self.cpus.values()
         ]

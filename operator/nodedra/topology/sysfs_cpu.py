@@ -75,4 +75,27 @@ def read_cpu(
         siblings=(siblings & online) | {cpu_id},
         core_type=core_type,
         isolated=isolated,
+        l3_cache=read_l3_cache(cpu_dir / f"cpu{cpu_id}" / "cache"),
     )
+
+
+def read_l3_cache(cache_dir: Path) -> int | None:
+    """The id of the level 3 cache under ``cache_dir`` (``cpuN/cache``), None without one.
+
+    The level is read from each ``indexN/level`` rather than taken from the index, which
+    differs between machines. Kernels before 4.16 have no ``id`` file: there the lowest CPU
+    sharing the cache names it, which is as unique and the same for every CPU sharing it.
+    """
+    if not cache_dir.is_dir():
+        return None
+    for index in sorted(cache_dir.glob("index[0-9]*")):
+        if read_optional_int(index / "level") != 3:
+            continue
+        cache_id = read_optional_int(index / "id")
+        if cache_id is not None:
+            return cache_id
+        sharing = read_optional_cpus(index / "shared_cpu_list")
+        if sharing:
+            return min(sharing)
+        raise TopologyError(index, "an L3 cache with neither an id nor a shared_cpu_list")
+    return None

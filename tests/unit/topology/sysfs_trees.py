@@ -11,6 +11,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
 GENERATOR = FIXTURES / "generate.py"
 
 SHAPES = (
+    "epyc-2s-nps1",
+    "epyc-2s-nps4",
     "hybrid-pe",
     "offline-cpus",
     "single-socket-nosmt",

@@ -213,6 +213,7 @@ def test_to_json_is_plain_json_and_agrees_with_the_topology(shape: str) -> None:
             "siblings_cpulist": format_cpu_list(model.siblings),
             "core_type": model.core_type,
             "isolated": model.isolated,
+            "l3_cache": model.l3_cache,
         }
     for entry in nodes:
         assert isinstance(entry, dict)
@@ -250,6 +251,7 @@ def test_to_json_of_the_two_socket_machine() -> None:
         "siblings_cpulist": "26,54",
         "core_type": None,
         "isolated": True,
+        "l3_cache": None,
     }
     text = json.dumps(document, sort_keys=True)
     assert "frozenset" not in text

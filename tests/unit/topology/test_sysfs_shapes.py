@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodedra.topology import CPU, NUMANode, Topology, read_topology
+from nodedra.topology import CPU, NUMANode, Topology, TopologyError, read_topology
 
 from .sysfs_trees import FIXTURES, SHAPES, CopyTree
 
@@ -189,6 +189,49 @@ def test_vm_without_numa_on_an_old_kernel() -> None:
             hugepages={HUGE_2M: 128},
         )
     }
+
+
+@pytest.mark.parametrize(("shape", "per_node"), [("epyc-2s-nps1", 8), ("epyc-2s-nps4", 2)])
+def test_epyc_l3_caches(shape: str, per_node: int) -> None:
+    """8 L3 caches of 4 cores (8 CPUs) a socket, whole in NUMA nodes of 8 or 2 caches."""
+    topology = read(shape)
+    caches = topology.l3_caches()
+    assert list(caches) == list(range(16))
+    assert caches[5] == (*range(20, 24), *range(84, 88))
+    for cache, cpus in caches.items():
+        assert {topology.cpus[c].package for c in cpus} == {cache // 8}
+        assert len({topology.cpus[c].node for c in cpus}) == 1
+    for node in topology.nodes.values():
+        assert len({topology.cpus[c].l3_cache for c in node.cpus}) == per_node
+    assert topology.cpus[84].l3_cache == 5
+
+
+def test_shapes_without_caches_have_no_l3() -> None:
+    for shape in ("two-socket-smt2-numa4", "vm-nonuma-legacy"):
+        topology = read(shape)
+        assert topology.l3_caches() == {}
+        assert all(cpu.l3_cache is None for cpu in topology.cpus.values())
+
+
+def test_an_l3_cache_without_an_id_is_named_by_its_first_cpu(sysfs_copy: CopyTree) -> None:
+    """Kernels before 4.16 have no ``id`` file; the L3 is found by its level, any index."""
+    root = sysfs_copy("epyc-2s-nps4")
+    for cache in (root / "devices/system/cpu").glob("cpu*/cache/index2"):
+        (cache / "id").unlink()
+        cache.rename(cache.with_name("index7"))
+    topology = read_topology(root)
+    assert topology.cpus[84].l3_cache == 20
+    assert topology.l3_caches()[20] == (*range(20, 24), *range(84, 88))
+    assert len(topology.l3_caches()) == 16
+
+
+def test_an_l3_cache_that_says_nothing_is_refused(sysfs_copy: CopyTree) -> None:
+    root = sysfs_copy("epyc-2s-nps1")
+    cache = root / "devices/system/cpu/cpu3/cache/index2"
+    (cache / "id").unlink()
+    (cache / "shared_cpu_list").unlink()
+    with pytest.raises(TopologyError, match=r"cpu3/cache/index2.*neither an id nor"):
+        read_topology(root)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
