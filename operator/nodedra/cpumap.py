@@ -29,6 +29,8 @@ SCHEMA = 1
 """The layout of ``/status`` this command reads (``nodedra.status.SCHEMA``)."""
 RESERVED = "R"
 SHARED = "."
+ISOLATED = "-"
+"""An isolated CPU no claim holds: kept for claims, out of the shared pool."""
 LABELS = string.ascii_uppercase.replace(RESERVED, "")
 """The letters of claims: R marks reserved CPUs."""
 CLAIM_COLOURS = ("1;32", "1;34", "1;35", "1;36", "1;33", "1;92", "1;94", "1;95", "1;96", "1;93")
@@ -210,8 +212,9 @@ class _Drawing:
         )
         yield from self.grid()
         yield ""
+        isolated = f"{self.paint(ISOLATED, DIM)} isolated, for claims   " if m["isolated"] else ""
         yield (
-            f"{self.paint(RESERVED, DIM)} reserved   {SHARED} shared pool   "
+            f"{self.paint(RESERVED, DIM)} reserved   {SHARED} shared pool   {isolated}"
             + ("A, B, ...: the claims below" if m["claims"] else "no claims held")
         )
         yield from self.claims()
@@ -250,6 +253,8 @@ class _Drawing:
                 mark, code = self.labels.get(cpu["claim"], "?"), self.colours.get(cpu["claim"])
             elif cpu["state"] == "reserved":
                 mark, code = RESERVED, DIM
+            elif cpu["state"] == "isolated":
+                mark, code = ISOLATED, DIM
             else:
                 mark, code = SHARED, None
             text = f"{cpu['id']:>{digits}}:{mark:<{marks}}"

@@ -65,7 +65,7 @@ def build(
                 "die": die,
                 "core": core,
                 "l3_cache": topology.cpus[cpus[0]].l3_cache,
-                "cpus": [_cpu(cpu, reserved, owner) for cpu in cpus],
+                "cpus": [_cpu(cpu, reserved, owner, books.shared) for cpu in cpus],
             }
             for (package, die, core), cpus in topology.cores().items()
             if topology.cpus[cpus[0]].node == numa.id
@@ -99,10 +99,15 @@ def build(
     }
 
 
-def _cpu(cpu: int, reserved: frozenset[int], owner: Mapping[int, str]) -> JSONObject:
+def _cpu(
+    cpu: int, reserved: frozenset[int], owner: Mapping[int, str], shared: frozenset[int]
+) -> JSONObject:
     if cpu in owner:
         return {"id": cpu, "state": "claimed", "claim": owner[cpu]}
-    return {"id": cpu, "state": "reserved" if cpu in reserved else "shared"}
+    if cpu in reserved:
+        return {"id": cpu, "state": "reserved"}
+    # Isolated and unclaimed: kept for claims, out of the shared pool.
+    return {"id": cpu, "state": "shared" if cpu in shared else "isolated"}
 
 
 def _first_cpu(grants: Iterable[Grant]) -> tuple[int, ...]:

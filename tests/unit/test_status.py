@@ -122,8 +122,12 @@ def test_the_map_says_who_holds_each_cpu_and_where_containers_should_run(node: N
     assert by_state["claimed"] == first
     assert {c["claim"] for c in cpus if c["state"] == "claimed"} == {"uid-a"}
     assert by_state["reserved"] == parse_cpu_list(RESERVED)
-    assert by_state["shared"] == set(node.topology.cpus) - first - parse_cpu_list(RESERVED)
-    assert parse_cpu_list(cpu_map["shared"]) == set(node.topology.cpus) - first
+    isolated = node.topology.isolated
+    assert isolated, "the fixture isolates CPUs"
+    assert by_state["isolated"] == isolated - first, "kept for claims, out of the shared pool"
+    shared = set(node.topology.cpus) - first - isolated
+    assert by_state["shared"] == shared - parse_cpu_list(RESERVED)
+    assert parse_cpu_list(cpu_map["shared"]) == shared
     for numa in cpu_map["numa_nodes"]:  # each core's threads, in their NUMA node
         for core in numa["cores"]:
             ids = {c["id"] for c in core["cpus"]}
@@ -156,7 +160,7 @@ def test_the_map_says_who_holds_each_cpu_and_where_containers_should_run(node: N
     assert [c["uid"] for c in cpu_map["claims"]] == ["uid-a", "uid-b"], "by their first CPU"
     assert not second & parse_cpu_list(cpu_map["shared"])
     (web,) = [c for c in cpu_map["containers"] if c["name"] == "web"]
-    assert parse_cpu_list(web["cpus"]) == set(node.topology.cpus) - first - second
+    assert parse_cpu_list(web["cpus"]) == set(node.topology.cpus) - first - second - isolated
     assert web["in_sync"] is False, "told the old pool"
 
 

@@ -241,6 +241,10 @@ class ExclusiveCPUPolicy(ABC):
         """Every CPU a claim holds."""
         return self._ledger.allocated_cpus()
 
+    def isolated_cpus(self) -> frozenset[int]:
+        """The online CPUs the kernel isolated from the scheduler (``isolcpus=``)."""
+        return self._topology.isolated & frozenset(self._topology.cpus)
+
     def results_in_environment(self, names: Iterable[str]) -> dict[str, frozenset[int]]:
         """The claims and result indexes our CDI edits' variable ``names`` stand for."""
         return results_named(names)

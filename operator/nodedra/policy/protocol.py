@@ -104,6 +104,10 @@ class Policy(Protocol):
         """Every CPU a claim holds."""
         ...
 
+    def isolated_cpus(self) -> frozenset[int]:
+        """The online CPUs the kernel isolated from the scheduler (``isolcpus=``)."""
+        ...
+
     def results_in_environment(self, names: Iterable[str]) -> dict[str, frozenset[int]]:
         """The claims and result indexes that environment variables ``names`` stand for."""
         ...

@@ -76,6 +76,8 @@ class StaticPolicy(ExclusiveCPUPolicy):
             "die": {"int": first.die},
             "core": {"int": first.core},
             "siblings": {"string": format_cpu_list(first.siblings)},
+            # Isolated CPUs (isolcpus=) are for claims that ask for them, or avoid them.
+            "isolated": {"bool": all(self._topology.cpus[c].isolated for c in cpus)},
         }
         if first.cluster is not None:
             attributes["cluster"] = {"int": first.cluster}

@@ -103,6 +103,7 @@ class ContainerPinner:
                 reservations=self._reservations(),
                 online=policy.online_cpus(),
                 allocated=policy.allocated_cpus(),
+                isolated=policy.isolated_cpus(),
             )
 
     # RuntimeOwner ------------------------------------------------------------------------

@@ -342,6 +342,7 @@ class ResourceManager:
                 reservations=dict(self._reservations),
                 online=policy.online_cpus(),
                 allocated=policy.allocated_cpus(),
+                isolated=policy.isolated_cpus(),
             )
             reserved = policy.config.reserved_cpus
             pinner = self.containers

@@ -63,11 +63,18 @@ class Books:
     reservations: Mapping[str, Reservation]
     online: frozenset[int]
     allocated: frozenset[int]
+    isolated: frozenset[int] = frozenset()
 
     @property
     def shared(self) -> frozenset[int]:
-        """The CPUs of every container without claims."""
-        return self.online - self.allocated
+        """The CPUs of every container without claims: unclaimed, not isolated.
+
+        The kernel balances no load onto an isolated CPU, so a container of the shared pool
+        that lands there stays there: they are for claims only. Where that would leave no
+        CPU at all, the isolated ones are shared too.
+        """
+        unclaimed = self.online - self.allocated
+        return (unclaimed - self.isolated) or unclaimed
 
     @cached_property
     def shared_cpuset(self) -> CPUSet:

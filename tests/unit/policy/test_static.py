@@ -206,3 +206,19 @@ def test_a_checkpoint_of_the_other_mode_is_refused_at_start() -> None:
     )
     with pytest.raises(PolicyError, match="switch it back, or release the claims first"):
         after.start(Host(), before.snapshot())
+
+
+def test_each_device_says_whether_its_cpu_is_isolated() -> None:
+    """For a claim's CEL to ask for isolated CPUs (isolcpus=), or to avoid them."""
+    topo = topology("two-socket-smt2-numa4")
+    assert topo.isolated == {26, 27, 54, 55}
+    for whole_cores in (False, True):
+        host = Host()
+        config = parse_config({"policy": "static", "fullPhysicalCores": whole_cores})
+        StaticPolicy(topo, config).start(host, {})
+        isolated = {
+            d["name"] for d in host.published[-1] if d["attributes"]["isolated"] == {"bool": True}
+        }
+        assert isolated == (
+            {"core026", "core027"} if whole_cores else {"cpu026", "cpu027", "cpu054", "cpu055"}
+        )

