@@ -394,8 +394,45 @@ def test_rolling_update_loses_nothing(deployed: DeploymentCluster, tmp_path: Pat
 # -- the Helm chart -----------------------------------------------------------------------------
 
 
-#: The node pool the chart's release puts the node in, and the memory its configuration keeps
-#: out of claims beside the default's (none).
+def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -> None:
+    """`kubectl delete -k manifests/`, then `helm install` of charts/nodedra: the chart's
+    nodedra serves the node, and the claim prepared before keeps its CPU (the state on the
+    host outlives both)."""
+    given, allowed = _demo_cpus(deployed)
+    deployed.kubectl("delete", "-k", str(MANIFESTS), "--wait=true", timeout=300)
+    poll(lambda: not deployed.nodedra_pods() or None, 120, lambda: "nodedra's pods gone")
+    # As charts/nodedra/README.md says: the namespace first, with the Pod Security level
+    # hostPath volumes need, then the release in it.
+    deployed.kubectl("create", "namespace", NAMESPACE)
+    deployed.kubectl(
+        "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=privileged"
+    )
+    deployed.helm(
+        "install",
+        "nodedra",
+        str(ROOT / "charts" / "nodedra"),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "namespace.create=false",
+        "--set-string",
+        "podAnnotations.example\\.com/team=platform",
+        "--wait",
+        "--timeout=5m",
+        timeout=360,
+    )
+    deployed.rollout_status()
+    pod = deployed.wait_single_ready_pod()
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "nodedra"
+    assert pod["metadata"]["annotations"]["example.com/team"] == "platform"
+    assert resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE)
+    assert _demo_cpus(deployed) == (given, allowed)
+    listed = json.loads(deployed.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in listed] == [("nodedra", "deployed")]
+
+
+#: The node pool the release puts the node in, and the memory its configuration keeps out of
+#: claims beside the default's (none).
 POOL = "demo"
 POOL_LABEL = ("nodedra.example.com/pool", "demo")
 POOL_RESERVED_MEMORY = 64 * 1024 * 1024
@@ -410,24 +447,22 @@ def _memory_capacities(cluster: DeploymentCluster) -> dict[str, int]:
     }
 
 
-def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -> None:
-    """`kubectl delete -k manifests/`, then `helm install` of charts/nodedra with a node pool
-    whose label the node has: the pool's DaemonSet, not the default one, serves the node with
-    the pool's configuration (its memory reserve shows in the published devices), and the
-    claim prepared before keeps its CPU (the state on the host outlives both)."""
+def _desired_pods(cluster: DeploymentCluster, daemonset: str) -> int:
+    done = cluster.kubectl("-n", NAMESPACE, "get", "daemonset", daemonset, "-o", "json")
+    desired: int = json.loads(done.stdout)["status"]["desiredNumberScheduled"]
+    return desired
+
+
+def test_a_node_pool_takes_its_node_over(deployed: DeploymentCluster) -> None:
+    """The node labelled, then `helm upgrade` with a node pool of that label: the pool's
+    DaemonSet, not the default one, serves the node with the pool's configuration (its memory
+    reserve shows in the published devices), and the claim keeps its CPU."""
     given, allowed = _demo_cpus(deployed)
+    (old,) = deployed.nodedra_pods()
     memory_before = _memory_capacities(deployed)
-    assert memory_before, "no topology-aware device before the chart"
-    deployed.kubectl("delete", "-k", str(MANIFESTS), "--wait=true", timeout=300)
-    poll(lambda: not deployed.nodedra_pods() or None, 120, lambda: "nodedra's pods gone")
+    assert memory_before, "no topology-aware device before the pool"
     key, value = POOL_LABEL
     deployed.kubectl("label", "node", deployed.node.node_name, f"{key}={value}")
-    # As charts/nodedra/README.md says: the namespace first, with the Pod Security level
-    # hostPath volumes need, then the release in it.
-    deployed.kubectl("create", "namespace", NAMESPACE)
-    deployed.kubectl(
-        "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=privileged"
-    )
     pools = [
         {
             "name": POOL,
@@ -436,39 +471,33 @@ def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -
         }
     ]
     deployed.helm(
-        "install",
+        "upgrade",
         "nodedra",
         str(ROOT / "charts" / "nodedra"),
         "--namespace",
         NAMESPACE,
-        "--set",
-        "namespace.create=false",
+        "--reuse-values",
         "--set-json",
         f"nodePools={json.dumps(pools)}",
-        "--set-string",
-        "podAnnotations.example\\.com/team=platform",
         "--wait",
         "--timeout=5m",
         timeout=360,
     )
     pod = deployed.wait_single_ready_pod()
-    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "nodedra"
-    assert pod["metadata"]["annotations"]["example.com/team"] == "platform"
+    assert pod["metadata"]["uid"] != old["metadata"]["uid"]
     assert [(o["kind"], o["name"]) for o in pod["metadata"]["ownerReferences"]] == [
         ("DaemonSet", f"nodedra-{POOL}")
     ]
+    assert pod["metadata"]["labels"]["nodedra.nri.io/node-pool"] == POOL
     (config,) = [v for v in pod["spec"]["volumes"] if v["name"] == "config"]
     assert config["configMap"]["name"] == f"nodedra-config-{POOL}"
     # The DaemonSet controller agrees: the default DaemonSet leaves the pool's node alone.
-    for name, desired in (("nodedra", 0), (f"nodedra-{POOL}", 1)):
-        daemonset = json.loads(
-            deployed.kubectl("-n", NAMESPACE, "get", "daemonset", name, "-o", "json").stdout
-        )
-        assert daemonset["status"]["desiredNumberScheduled"] == desired, name
+    assert (_desired_pods(deployed, "nodedra"), _desired_pods(deployed, f"nodedra-{POOL}")) == (
+        0,
+        1,
+    )
     memory_after = _memory_capacities(deployed)
     assert memory_after == {
         name: capacity - POOL_RESERVED_MEMORY for name, capacity in memory_before.items()
     }, "the pool's nodedra does not keep the pool's reservedMemory out of its devices"
     assert _demo_cpus(deployed) == (given, allowed)
-    listed = json.loads(deployed.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout)
-    assert [(r["name"], r["status"]) for r in listed] == [("nodedra", "deployed")]
