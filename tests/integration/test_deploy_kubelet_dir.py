@@ -78,10 +78,15 @@ def test_chart_follows_the_kubelet_root_directory(k0s_layout: DeploymentCluster)
     pod = cluster.wait_single_ready_pod()
     (container,) = pod["status"]["containerStatuses"]
     assert container["restartCount"] == 0
+    # Ready means the kubelet confirmed the registration, which it can only have found in
+    # its own root directory: the node has no other.
     log = cluster.node.log_paths()["kubelet"].read_text()
-    registered = re.search(r'"Registered DRA plugin" .*driverName="topology-aware\.nri\.io".*', log)
-    assert registered, "the kubelet never registered nodedra"
-    assert f"{KUBELET_ROOT}/plugins/{TOPOLOGY_AWARE}/" in registered.group(0), registered.group(0)
-    sockets = [p.name for p in cluster.node.registry_dir.iterdir() if p.is_socket()]
-    assert any(name.startswith(f"{TOPOLOGY_AWARE}-") for name in sockets), sockets
+    assert re.search(r'"Registered DRA plugin" .*driverName="topology-aware\.nri\.io"', log), (
+        "the kubelet never registered nodedra"
+    )
+    # The machine's view of the node's root directory (/var/lib/k0s/kubelet in its namespace).
+    registrations = [p.name for p in cluster.node.registry_dir.iterdir() if p.is_socket()]
+    assert any(name.startswith(f"{TOPOLOGY_AWARE}-") for name in registrations), registrations
+    plugin_dir = cluster.node.plugins_dir / TOPOLOGY_AWARE
+    assert any(p.is_socket() for p in plugin_dir.iterdir()), sorted(plugin_dir.iterdir())
     assert resource_slices(cluster.cp, cluster.node.node_name, TOPOLOGY_AWARE)
