@@ -6,7 +6,7 @@ and the samples' busybox imported into the node's containerd as if pulled. The m
 applied unchanged: the image they name is the one the node has. The tests run in order, each
 going on from where the one before left the cluster: the DaemonSet runs, the samples run
 pinned, the pod's credentials are what the manifests promise, a rolling update loses nothing,
-and the Helm chart deploys the same.
+and the Helm chart deploys the same, with a node pool's configuration.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from nodedra import __version__
+from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import poll, resource_slices
@@ -414,6 +415,8 @@ def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -
         NAMESPACE,
         "--set",
         "namespace.create=false",
+        "--set-string",
+        "podAnnotations.example\\.com/team=platform",
         "--wait",
         "--timeout=5m",
         timeout=360,
@@ -421,7 +424,80 @@ def test_helm_chart_takes_over_from_the_manifests(deployed: DeploymentCluster) -
     deployed.rollout_status()
     pod = deployed.wait_single_ready_pod()
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "nodedra"
+    assert pod["metadata"]["annotations"]["example.com/team"] == "platform"
     assert resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE)
     assert _demo_cpus(deployed) == (given, allowed)
     listed = json.loads(deployed.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout)
     assert [(r["name"], r["status"]) for r in listed] == [("nodedra", "deployed")]
+
+
+#: The node pool the release puts the node in, and the memory its configuration keeps out of
+#: claims beside the default's (none).
+POOL = "demo"
+POOL_LABEL = ("nodedra.example.com/pool", "demo")
+POOL_RESERVED_MEMORY = 64 * 1024 * 1024
+
+
+def _memory_capacities(cluster: DeploymentCluster) -> dict[str, int]:
+    """The node's topology-aware devices: name -> the memory they offer, in bytes."""
+    return {
+        device["name"]: int(parse_quantity(device["capacity"]["memory"]["value"]))
+        for s in resource_slices(cluster.cp, cluster.node.node_name, TOPOLOGY_AWARE)
+        for device in s["spec"].get("devices") or []
+    }
+
+
+def _desired_pods(cluster: DeploymentCluster, daemonset: str) -> int:
+    done = cluster.kubectl("-n", NAMESPACE, "get", "daemonset", daemonset, "-o", "json")
+    desired: int = json.loads(done.stdout)["status"]["desiredNumberScheduled"]
+    return desired
+
+
+def test_a_node_pool_takes_its_node_over(deployed: DeploymentCluster) -> None:
+    """The node labelled, then `helm upgrade` with a node pool of that label: the pool's
+    DaemonSet, not the default one, serves the node with the pool's configuration (its memory
+    reserve shows in the published devices), and the claim keeps its CPU."""
+    given, allowed = _demo_cpus(deployed)
+    (old,) = deployed.nodedra_pods()
+    memory_before = _memory_capacities(deployed)
+    assert memory_before, "no topology-aware device before the pool"
+    key, value = POOL_LABEL
+    deployed.kubectl("label", "node", deployed.node.node_name, f"{key}={value}")
+    pools = [
+        {
+            "name": POOL,
+            "nodeSelector": {key: value},
+            "options": {"reservedMemory": str(POOL_RESERVED_MEMORY)},
+        }
+    ]
+    deployed.helm(
+        "upgrade",
+        "nodedra",
+        str(ROOT / "charts" / "nodedra"),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--set-json",
+        f"nodePools={json.dumps(pools)}",
+        "--wait",
+        "--timeout=5m",
+        timeout=360,
+    )
+    pod = deployed.wait_single_ready_pod()
+    assert pod["metadata"]["uid"] != old["metadata"]["uid"]
+    assert [(o["kind"], o["name"]) for o in pod["metadata"]["ownerReferences"]] == [
+        ("DaemonSet", f"nodedra-{POOL}")
+    ]
+    assert pod["metadata"]["labels"]["nodedra.nri.io/node-pool"] == POOL
+    (config,) = [v for v in pod["spec"]["volumes"] if v["name"] == "config"]
+    assert config["configMap"]["name"] == f"nodedra-config-{POOL}"
+    # The DaemonSet controller agrees: the default DaemonSet leaves the pool's node alone.
+    assert (_desired_pods(deployed, "nodedra"), _desired_pods(deployed, f"nodedra-{POOL}")) == (
+        0,
+        1,
+    )
+    memory_after = _memory_capacities(deployed)
+    assert memory_after == {
+        name: capacity - POOL_RESERVED_MEMORY for name, capacity in memory_before.items()
+    }, "the pool's nodedra does not keep the pool's reservedMemory out of its devices"
+    assert _demo_cpus(deployed) == (given, allowed)

@@ -117,6 +117,7 @@ class DeploymentCluster:
         images: Sequence[Path],
         *,
         node_name: str = "deploy-node",
+        kubelet_root: str = "/var/lib/kubelet",
         repo: Path,
     ) -> None:
         self.binaries = binaries
@@ -130,6 +131,7 @@ class DeploymentCluster:
             workdir / "node",
             pod_network=True,
             host_layout=True,
+            kubelet_root=kubelet_root,
             # The DRA plugin manager logs registrations and slice wipes at V(3).
             kubelet_verbosity=3,
         )

@@ -116,6 +116,7 @@ class RealNode:
         runtime_log_level: str = "info",
         pod_network: bool = False,
         host_layout: bool = False,
+        kubelet_root: str = "/var/lib/kubelet",
         require_nodedra: bool = False,
     ) -> None:
         if runtime not in NODE_RUNTIMES:
@@ -134,6 +135,8 @@ class RealNode:
         self.feature_gates = dict(cp.feature_gates if feature_gates is None else feature_gates)
         self.pod_network = pod_network
         self.host_layout = host_layout
+        self.kubelet_root = kubelet_root
+        """With ``host_layout``: the kubelet's --root-dir in its namespace (k0s: another)."""
         self.require_nodedra = require_nodedra
         for path in (self.workdir, self.cdi_dir, self.nri_socket):
             for private in PRIVATE_DIRS:
@@ -214,10 +217,10 @@ class RealNode:
 
     @property
     def kubelet_root_dir(self) -> str:
-        """The kubelet's --root-dir: with ``host_layout`` /var/lib/kubelet in its namespace, as
-        on a real node (the paths of plugin sockets below it then fit a socket address, and
-        the mounts of pod volumes are only seen there)."""
-        return "/var/lib/kubelet" if self.host_layout else str(self.root_dir)
+        """The kubelet's --root-dir: with ``host_layout`` `kubelet_root` (/var/lib/kubelet) in
+        its namespace, as on a real node (the paths of plugin sockets below it then fit a
+        socket address, and the mounts of pod volumes are only seen there)."""
+        return self.kubelet_root if self.host_layout else str(self.root_dir)
 
     def host_paths(self) -> dict[str, Path]:
         """With ``host_layout``: what the node's usual paths show -> the working directory's
@@ -225,7 +228,7 @@ class RealNode:
         if not self.host_layout:
             return {}
         return {
-            "/var/lib/kubelet": self.root_dir,
+            self.kubelet_root: self.root_dir,
             # /var/run is a link to /run; the namespace's /run is a tmpfs of its own.
             "/run/cdi": self.cdi_dir,
             "/run/nri": self.nri_socket.parent,

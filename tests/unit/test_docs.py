@@ -47,6 +47,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--reserved-cpus": "the kubelet",
     "--kube-reserved": "the kubelet",
     "--system-reserved": "the kubelet",
+    "--root-dir": "the kubelet",
     "--runtime-config": "kube-apiserver",
 }
 #: Top-level directories of the repository: a quoted path that starts with one is a path of it.
@@ -358,9 +359,9 @@ def has_value(key: str) -> bool:
 
 @pytest.mark.parametrize("page", pages())
 def test_every_helm_value_quoted_is_in_the_chart(page: Page) -> None:
-    quoted = {
-        key for code in page.code for key in re.findall(r"--set(?:-string)?[ =]([\w.]+)=", code)
-    }
+    # --set, --set-string and --set-json; of a list's entry (key[0]=, key[0].field=), the list.
+    setting = r"--set(?:-string|-json)?[ =]'?([\w.]+)(?:\[\d+\][\w.\[\]]*)?="
+    quoted = {key for code in page.code for key in re.findall(setting, code)}
     quoted |= set(re.findall(r"chart value `([\w.]+)`", without_newlines(page.prose)))
     assert {key for key in quoted if not has_value(key)} == set()
 
