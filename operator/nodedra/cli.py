@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nodedra import __version__, cpumap
+from nodedra import __version__, cgroupcheck, cpumap
 from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    """``nodedra status``: who holds each CPU, from a running instance, checked against /proc."""
+    """``nodedra status``: who holds each CPU, from a running instance, checked on the node."""
     if not args.address:
         print(
             "nodedra status: no address: NODEDRA_STATUS_ADDRESS is empty, which turns "
@@ -69,7 +69,9 @@ def status(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        cpu_map = cpumap.check_processes(cpumap.fetch(args.address, args.timeout), args.proc)
+        cpu_map = cpumap.check(
+            cpumap.fetch(args.address, args.timeout), args.cgroup_root, args.proc
+        )
     except cpumap.StatusError as err:
         print(f"nodedra status: {err}", file=sys.stderr)
         return 1
@@ -103,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="show who holds each CPU of this node, and where containers really run",
         description="Draw the CPUs of the node by NUMA node and core, each marked with the "
         "claim holding it (R: reserved, .: shared pool), as a running nodedra serves them at "
-        "/status, and check each container it knows against /proc on this machine.",
+        "/status, and check each container it knows against the cpuset of its cgroup (else "
+        "its process in /proc) on this machine.",
     )
     status_parser.add_argument(
         "--address",
@@ -114,7 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     status_parser.add_argument("--json", action="store_true", help="print one JSON object")
     status_parser.add_argument(
-        "--proc", type=Path, default=Path("/proc"), help="the /proc to check containers in"
+        "--cgroup-root",
+        type=Path,
+        default=cgroupcheck.default_root(),
+        help="the host's cgroup filesystem, to check containers' cpusets in (default: "
+        f"${cgroupcheck.ROOT_VARIABLE}, else {cgroupcheck.DEFAULT_ROOT})",
+    )
+    status_parser.add_argument(
+        "--proc",
+        type=Path,
+        default=Path("/proc"),
+        help="the /proc to check containers in whose cgroup cannot be read",
     )
     status_parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
