@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 import string
-import urllib.error
-import urllib.request
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from nodedra import cgroupcheck
+from nodedra import cgroupcheck, endpoints
 from nodedra.cgroupcheck import MATCH, MISMATCH, NOT_CHECKED
 from nodedra.topology.cpulist import parse_cpu_list
 
@@ -46,34 +44,25 @@ class StatusError(Exception):
     """``/status`` could not be read; the message says where and why."""
 
 
-def status_url(address: str) -> str:
-    """The URL of ``/status`` at ``host:port``; an any-interface host means this machine."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1" if host != "::" else "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}/status"
-
-
 def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
     """The CPU map a running nodedra serves at ``address``; StatusError if it cannot."""
-    url = status_url(address)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data = json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        body = err.read().decode(errors="replace")
-        raise StatusError(f"{url} answered {err.code}: {body}") from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise StatusError(f"cannot read {url}: {getattr(err, 'reason', err)}") from None
+        answer = endpoints.get(address, "/status", timeout)
+    except endpoints.EndpointError as err:
+        raise StatusError(str(err)) from None
+    if not answer.ok:
+        body = answer.body.decode(errors="replace")
+        raise StatusError(f"{answer.url} answered {answer.code}: {body}")
+    try:
+        data = json.loads(answer.body)
+    except ValueError:
+        data = None
     if not isinstance(data, dict) or not isinstance(data.get("numa_nodes"), list):
-        raise StatusError(f"{url} answered no CPU map: is nodedra serving there?")
+        raise StatusError(f"{answer.url} answered no CPU map: is nodedra serving there?")
     if data.get("schema") != SCHEMA:
         raise StatusError(
-            f"{url} answered a CPU map of schema {data.get('schema')}, this command reads "
-            f"schema {SCHEMA}: run the nodedra status of the instance's own version"
+            f"{answer.url} answered a CPU map of schema {data.get('schema')}, this command "
+            f"reads schema {SCHEMA}: run the nodedra status of the instance's own version"
         )
     return data
 

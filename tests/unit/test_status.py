@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from nodedra import cpumap, httpserver, status
+from nodedra import cpumap, endpoints, httpserver, status
 from nodedra.cli import main
 from nodedra.dra import ClaimRef, driver_name
 from nodedra.nri import Container, CPUSet, PluginOptions, Pod
@@ -565,4 +565,4 @@ def test_colour_only_on_a_terminal_that_wants_it(
     ],
 )
 def test_the_address_is_that_of_the_metrics(address: str, url: str) -> None:
-    assert cpumap.status_url(address) == url
+    assert endpoints.url(address, "/status") == url
