@@ -109,23 +109,14 @@ def test_nodedra_killed_comes_back_holding_its_claim(
     assert deployed.metric("nodedra_claims_held") == 1
     assert deployed.metric("nodedra_cpus_allocated", NUMA1) == 1
     assert_in_place(deployed, {"keeper": keeper})
-    # What an admin reads with kubectl exec: the claim it took back, on the keeper's CPU,
-    # and the keeper's verdict from its cgroup (v2, systemd's slice:prefix:name, as the
-    # runtime's Synchronize named it to the restarted nodedra).
-    cpu_map = deployed.nodedra_status()
-    (claim,) = cpu_map["claims"]
+    # What an admin reads with kubectl exec: the claim it took back, on the keeper's CPU.
+    (claim,) = deployed.nodedra_status()["claims"]
     assert (claim["namespace"], claim["name"], claim["cpus"]) == (
         TEST_NAMESPACE,
         "keeper",
         keeper[0],
     )
     assert [pod["name"] for pod in claim["pods"]] == ["keeper"]
-    (held,) = [c for c in cpu_map["containers"] if c["pod"]["name"] == "keeper"]
-    assert held["cgroup"].count(":") == 2, held  # the systemd driver's form
-    kernel = held["kernel"]
-    assert (kernel["source"], kernel["check"]) == ("cgroup", "match"), held
-    assert kernel["where"].endswith(".scope"), kernel
-    assert (kernel["cpus"], kernel["mems"]) == keeper, kernel
 
 
 def test_after_a_reboot_every_pod_runs_again_on_its_claim(
