@@ -586,16 +586,22 @@ class LinuxContainer(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESOURCES_FIELD_NUMBER: _builtins.int
+    CGROUPS_PATH_FIELD_NUMBER: _builtins.int
+    cgroups_path: _builtins.str
+    """The container's cgroup: a cgroupfs path ("/kubepods/.../<id>") or, with the systemd
+    cgroup driver, "slice:prefix:name" ("kubepods-...slice:cri-containerd:<id>").
+    """
     @_builtins.property
     def resources(self) -> Global___LinuxResources: ...
     def __init__(
         self,
         *,
         resources: Global___LinuxResources | None = ...,
+        cgroups_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroups_path", b"cgroups_path", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nodedra import __version__, cpumap
+from nodedra import __version__, cgroupcheck, cpumap, endpoints, gather, served
 from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    """``nodedra status``: who holds each CPU, from a running instance, checked against /proc."""
+    """``nodedra status``: who holds each CPU, from a running instance, checked on the node."""
     if not args.address:
         print(
             "nodedra status: no address: NODEDRA_STATUS_ADDRESS is empty, which turns "
@@ -69,7 +69,9 @@ def status(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        cpu_map = cpumap.check_processes(cpumap.fetch(args.address, args.timeout), args.proc)
+        cpu_map = cpumap.check(
+            cpumap.fetch(args.address, args.timeout), args.cgroup_root, args.proc
+        )
     except cpumap.StatusError as err:
         print(f"nodedra status: {err}", file=sys.stderr)
         return 1
@@ -79,6 +81,64 @@ def status(args: argparse.Namespace) -> int:
     colour = cpumap.use_colour(sys.stdout, os.environ)
     width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
     sys.stdout.write(cpumap.render_text(cpu_map, colour=colour, width=width))
+    return 0
+
+
+def version(args: argparse.Namespace) -> int:
+    """``nodedra version``."""
+    print(f"nodedra {__version__}")
+    return 0
+
+
+def topology(args: argparse.Namespace) -> int:
+    """``nodedra topology``: the node's CPUs and memory, and the devices of each policy."""
+    try:
+        topo = read_topology(args.sysfs)
+        config = load_config(args.config) if args.config else PolicyConfig()
+        data = inventory(topo, config)
+    except (TopologyError, ConfigError, PolicyError) as err:
+        print(f"nodedra topology: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_json(data) + "\n" if args.json else render_text(topo, data))
+    return 0
+
+
+def get(args: argparse.Namespace) -> int:
+    """``nodedra get readyz|metrics|healthz|status``: an endpoint's answer, from inside the pod."""
+    try:
+        answer = served.get_named(args.endpoint, args.timeout)
+    except endpoints.EndpointError as err:
+        print(f"nodedra get {args.endpoint}: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(answer.body)
+    if not answer.body.endswith(b"\n"):
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.flush()
+    if not answer.ok:
+        print(f"nodedra get {args.endpoint}: {answer.url} answered {answer.code}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def gather_command(args: argparse.Namespace) -> int:
+    """``nodedra gather``: the bug report's archive, to stdout or ``--output``."""
+    if args.output is None and sys.stdout.isatty():
+        print(
+            "nodedra gather: the archive is binary; redirect it (nodedra gather > "
+            "nodedra-gather.tar.gz) or pass --output PATH",
+            file=sys.stderr,
+        )
+        return 2
+    data = gather.archive(gather.Sources(timeout=args.timeout))
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        try:
+            args.output.write_bytes(data)
+        except OSError as err:
+            print(f"nodedra gather: cannot write {args.output}: {err}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -92,18 +152,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("version", help="print the version")
-    topology = commands.add_parser(
+    topology_parser = commands.add_parser(
         "topology", help="show the node's CPUs and memory and the devices each policy publishes"
     )
-    topology.add_argument("--sysfs", default="/sys", help="the sysfs root to read (default /sys)")
-    topology.add_argument("--config", help="a policy configuration file (reserved CPUs, options)")
-    topology.add_argument("--json", action="store_true", help="print one JSON object")
+    topology_parser.add_argument(
+        "--sysfs", default="/sys", help="the sysfs root to read (default /sys)"
+    )
+    topology_parser.add_argument(
+        "--config", help="a policy configuration file (reserved CPUs, options)"
+    )
+    topology_parser.add_argument("--json", action="store_true", help="print one JSON object")
     status_parser = commands.add_parser(
         "status",
         help="show who holds each CPU of this node, and where containers really run",
         description="Draw the CPUs of the node by NUMA node and core, each marked with the "
         "claim holding it (R: reserved, .: shared pool), as a running nodedra serves them at "
-        "/status, and check each container it knows against /proc on this machine.",
+        "/status, and check each container it knows against the cpuset of its cgroup (else "
+        "its process in /proc) on this machine.",
     )
     status_parser.add_argument(
         "--address",
@@ -114,27 +179,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     status_parser.add_argument("--json", action="store_true", help="print one JSON object")
     status_parser.add_argument(
-        "--proc", type=Path, default=Path("/proc"), help="the /proc to check containers in"
+        "--cgroup-root",
+        type=Path,
+        default=cgroupcheck.default_root(),
+        help="the host's cgroup filesystem, to check containers' cpusets in (default: "
+        f"${cgroupcheck.ROOT_VARIABLE}, else {cgroupcheck.DEFAULT_ROOT})",
+    )
+    status_parser.add_argument(
+        "--proc",
+        type=Path,
+        default=Path("/proc"),
+        help="the /proc to check containers in whose cgroup cannot be read",
     )
     status_parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
     )
+    get_parser = commands.add_parser(
+        "get",
+        help="print what one of nodedra's endpoints answers (in its pod: no curl there)",
+        description="Fetch /readyz, /metrics, /healthz or /status from the nodedra running "
+        "here, at the address its settings give (NODEDRA_METRICS_ADDRESS, "
+        "NODEDRA_HEALTH_ADDRESS, NODEDRA_STATUS_ADDRESS), and print the answer. Exits 1 "
+        "when it is not 200 OK (e.g. /readyz while not ready), after printing it.",
+    )
+    get_parser.add_argument("endpoint", choices=sorted(served.ENDPOINTS))
+    get_parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
+    )
+    gather_parser = commands.add_parser(
+        "gather",
+        help="write one tar.gz with what a bug report needs (run it in nodedra's pod)",
+        description="Collect the version, settings, config file, CPU map with verdicts, "
+        "/readyz, /metrics, topology, checkpoint summary, CDI specs and what the pod sees "
+        "of the kubelet and the runtime into one gzipped tar, written to stdout. A part "
+        "that fails is recorded in the archive's errors.json; the others are gathered.",
+    )
+    gather_parser.add_argument(
+        "--output", type=Path, help="write the archive to this file instead of stdout"
+    )
+    gather_parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for each endpoint"
+    )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
     args = parser.parse_args(argv)
-    if args.command == "version":
-        print(f"nodedra {__version__}")
-        return 0
-    if args.command == "run":
-        return run(args)
-    if args.command == "status":
-        return status(args)
-    try:
-        topo = read_topology(args.sysfs)
-        config = load_config(args.config) if args.config else PolicyConfig()
-        data = inventory(topo, config)
-    except (TopologyError, ConfigError, PolicyError) as err:
-        print(f"nodedra topology: {err}", file=sys.stderr)
-        return 1
-    sys.stdout.write(render_json(data) + "\n" if args.json else render_text(topo, data))
-    return 0
+    commands_run = {
+        "version": version,
+        "run": run,
+        "status": status,
+        "get": get,
+        "gather": gather_command,
+        "topology": topology,
+    }
+    return commands_run[args.command](args)

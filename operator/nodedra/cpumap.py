@@ -1,12 +1,13 @@
 """``nodedra status``: the node's CPU map, fetched from a running instance and drawn.
 
-The instance's ``/status`` (:mod:`nodedra.status`) says who holds each CPU and what each
-container should run on; it cannot see the containers' processes. This side, run on the
-node, looks: each container's first process is found by its cgroup (the runtime's
-container ID is in its path, whichever cgroup driver or runtime made it) and its
-``Cpus_allowed_list`` is compared with what nodedra says. The runtime tells plugins a
-container's PID only in a Synchronize and after its start, which nodedra does not
-subscribe to, so ``/proc`` is the one way that works for every container.
+The instance's ``/status`` (:mod:`nodedra.status`) says who holds each CPU, what each
+container should run on and which cgroup the runtime put it in. This side looks at what the
+kernel applies: the cpuset of the container's cgroup in the host's cgroup filesystem
+(:mod:`nodedra.cgroupcheck`), which nodedra's pod mounts read-only, so that ``kubectl exec``
+into it gives real verdicts though the pod sees no other pod's processes. Where the cgroup
+cannot be read, the container's first process in ``/proc`` is looked for instead (found by
+its cgroup: the runtime's container ID is in its path, whichever cgroup driver or runtime
+made it), which works on the node itself; each verdict says which it came from.
 
 The text is for a person at a terminal: one block per NUMA node, one ``[cpu:mark ...]``
 group per core, a letter per claim listed below. Colour only on a terminal and without
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import json
 import string
-import urllib.error
-import urllib.request
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from nodedra import cgroupcheck, endpoints
+from nodedra.cgroupcheck import MATCH, MISMATCH, NOT_CHECKED
 from nodedra.topology.cpulist import parse_cpu_list
 
 SCHEMA = 1
@@ -37,7 +38,6 @@ CLAIM_COLOURS = ("1;32", "1;34", "1;35", "1;36", "1;33", "1;92", "1;94", "1;95",
 """ANSI colours of claims, in turn (no red: red is for a cpuset that does not match)."""
 DIM, GOOD, BAD, UNKNOWN = "2", "32", "1;31", "33"
 
-MATCH, MISMATCH, NOT_CHECKED = "match", "mismatch", "not checked"
 OUTCOMES = ("ok", "update pending", MISMATCH, NOT_CHECKED)
 """What the text says of a container, in the order it counts them."""
 
@@ -46,52 +46,63 @@ class StatusError(Exception):
     """``/status`` could not be read; the message says where and why."""
 
 
-def status_url(address: str) -> str:
-    """The URL of ``/status`` at ``host:port``; an any-interface host means this machine."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1" if host != "::" else "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}/status"
-
-
 def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
     """The CPU map a running nodedra serves at ``address``; StatusError if it cannot."""
-    url = status_url(address)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data = json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        body = err.read().decode(errors="replace")
-        raise StatusError(f"{url} answered {err.code}: {body}") from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise StatusError(f"cannot read {url}: {getattr(err, 'reason', err)}") from None
+        answer = endpoints.get(address, "/status", timeout)
+    except endpoints.EndpointError as err:
+        raise StatusError(str(err)) from None
+    if not answer.ok:
+        body = answer.body.decode(errors="replace")
+        raise StatusError(f"{answer.url} answered {answer.code}: {body}")
+    try:
+        data = json.loads(answer.body)
+    except ValueError:
+        data = None
     if not isinstance(data, dict) or not isinstance(data.get("numa_nodes"), list):
-        raise StatusError(f"{url} answered no CPU map: is nodedra serving there?")
+        raise StatusError(f"{answer.url} answered no CPU map: is nodedra serving there?")
     if data.get("schema") != SCHEMA:
         raise StatusError(
-            f"{url} answered a CPU map of schema {data.get('schema')}, this command reads "
-            f"schema {SCHEMA}: run the nodedra status of the instance's own version"
+            f"{answer.url} answered a CPU map of schema {data.get('schema')}, this command "
+            f"reads schema {SCHEMA}: run the nodedra status of the instance's own version"
         )
     return data
 
 
-# What /proc says ---------------------------------------------------------------------------
+# What the kernel says ----------------------------------------------------------------------
 
 
-def check_processes(cpu_map: dict[str, Any], proc: Path = Path("/proc")) -> dict[str, Any]:
-    """``cpu_map`` with each container's ``process``: what the machine lets it run on.
+def check(
+    cpu_map: dict[str, Any], cgroup_root: Path | None, proc: Path = Path("/proc")
+) -> dict[str, Any]:
+    """``cpu_map`` with each container's ``kernel``: what the machine lets it run on.
 
-    ``check`` is ``match`` when its first process may run on exactly the CPUs (and memory
-    nodes, where nodedra sets them) nodedra says, ``mismatch`` when not, ``not checked``
-    when no process of it is found here (another node's map, or a pod without hostPID).
+    Read from the container's cgroup under ``cgroup_root`` (:mod:`nodedra.cgroupcheck`);
+    where that cannot be read (no root given, the cgroup not found), from its first process
+    in ``proc``. ``source`` says which (``cgroup`` or ``proc``); ``check`` is ``match``
+    when the container may run on exactly the CPUs (and memory nodes, where nodedra sets
+    them) nodedra says, ``mismatch`` when not, ``not checked`` when neither could be read,
+    with ``detail`` saying why.
     """
-    containers = cpu_map.get("containers") or []
-    pids = container_processes([c["id"] for c in containers], proc)
-    checked = [{**c, "process": _look(c, pids.get(c["id"]), proc)} for c in containers]
-    return {**cpu_map, "containers": checked if cpu_map.get("containers") is not None else None}
+    containers = cpu_map.get("containers")
+    if containers is None:
+        return {**cpu_map, "containers": None}
+    found: dict[str, dict[str, Any]] = {}
+    why: dict[str, str] = {}
+    for container in containers:
+        if cgroup_root is None:
+            why[container["id"]] = "no cgroup root given"
+            continue
+        try:
+            found[container["id"]] = cgroupcheck.verdict(container, cgroup_root)
+        except cgroupcheck.CgroupError as err:
+            why[container["id"]] = str(err)
+    pids = container_processes(why, proc) if why else {}
+    checked = [
+        {**c, "kernel": found.get(c["id"]) or _look(c, pids.get(c["id"]), proc, why[c["id"]])}
+        for c in containers
+    ]
+    return {**cpu_map, "containers": checked}
 
 
 def container_processes(ids: Collection[str], proc: Path = Path("/proc")) -> dict[str, int]:
@@ -132,9 +143,11 @@ def cgroup_names(text: str) -> set[str]:
     return names
 
 
-def _look(container: Mapping[str, Any], pid: int | None, proc: Path) -> dict[str, Any]:
+def _look(
+    container: Mapping[str, Any], pid: int | None, proc: Path, cgroup_problem: str
+) -> dict[str, Any]:
     if pid is None:
-        return _unchecked("no process of it is visible here")
+        return _unchecked(f"{cgroup_problem}; and no process of it is visible in {proc}")
     try:
         fields = dict(
             line.split(":", 1) for line in (proc / str(pid) / "status").read_text().splitlines()
@@ -142,16 +155,31 @@ def _look(container: Mapping[str, Any], pid: int | None, proc: Path) -> dict[str
         cpus, mems = fields["Cpus_allowed_list"].strip(), fields["Mems_allowed_list"].strip()
         runs_on = parse_cpu_list(cpus), parse_cpu_list(mems)
     except (OSError, KeyError, ValueError) as err:
-        return _unchecked(f"cannot read /proc/{pid}/status: {err}")
+        return _unchecked(f"{cgroup_problem}; and cannot read {proc}/{pid}/status: {err}")
     should = parse_cpu_list(container["cpus"])
     ok = runs_on[0] == should and (
         not container["mems"] or runs_on[1] == parse_cpu_list(container["mems"])
     )
-    return {"pid": pid, "cpus": cpus, "mems": mems, "check": MATCH if ok else MISMATCH}
+    return {
+        "source": "proc",
+        "where": str(proc / str(pid)),
+        "pid": pid,
+        "cpus": cpus,
+        "mems": mems,
+        "check": MATCH if ok else MISMATCH,
+    }
 
 
 def _unchecked(why: str) -> dict[str, Any]:
-    return {"pid": None, "cpus": None, "mems": None, "check": NOT_CHECKED, "detail": why}
+    return {
+        "source": None,
+        "where": None,
+        "pid": None,
+        "cpus": None,
+        "mems": None,
+        "check": NOT_CHECKED,
+        "detail": why,
+    }
 
 
 # Drawing ----------------------------------------------------------------------------------
@@ -306,14 +334,18 @@ class _Drawing:
                     f"  {SHARED}  {_pod(container['pod'])} {container['name']}  CPUs "
                     f"{container['cpus']}  " + self.verdict(container)
                 )
-        if any(_process(c)["check"] == NOT_CHECKED for c in containers):
-            yield "(not checked: no process of the container is visible here; run nodedra status"
-            yield " on the node itself, where /proc shows every container's processes)"
+        unchecked = [c for c in containers if _kernel(c)["check"] == NOT_CHECKED]
+        if unchecked:
+            yield (
+                f"(not checked, {len(unchecked)}: neither the cgroup nor a process of the "
+                "container is readable here;"
+            )
+            yield f" the first: {_kernel(unchecked[0]).get('detail') or 'nobody looked'})"
 
     @staticmethod
     def outcome(container: Mapping[str, Any]) -> str:
         """One word for a container: ok, mismatch, update pending or not checked."""
-        check = _process(container)["check"]
+        check = _kernel(container)["check"]
         if check == MISMATCH:
             return MISMATCH
         if not container["in_sync"]:
@@ -322,11 +354,12 @@ class _Drawing:
 
     def verdict(self, container: Mapping[str, Any]) -> str:
         """What the machine says of the container, and whether the runtime was told."""
-        process = _process(container)
-        if process["check"] == MATCH:
-            words, code = f"ok: pid {process['pid']} runs on {process['cpus']}", GOOD
-        elif process["check"] == MISMATCH:
-            words, code = f"MISMATCH: pid {process['pid']} runs on {process['cpus']}", BAD
+        kernel = _kernel(container)
+        seen = "its cgroup" if kernel.get("source") == "cgroup" else f"pid {kernel.get('pid')}"
+        if kernel["check"] == MATCH:
+            words, code = f"ok: {seen} runs on {kernel['cpus']}", GOOD
+        elif kernel["check"] == MISMATCH:
+            words, code = f"MISMATCH: {seen} runs on {kernel['cpus']}", BAD
         else:
             words, code = NOT_CHECKED, UNKNOWN
         if not container["in_sync"]:
@@ -337,9 +370,9 @@ class _Drawing:
         return self.paint(words, code)
 
 
-def _process(container: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What /proc said of ``container`` (not checked if nobody looked)."""
-    return container.get("process") or {"check": NOT_CHECKED}
+def _kernel(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the machine said of ``container`` (not checked if nobody looked)."""
+    return container.get("kernel") or {"check": NOT_CHECKED}
 
 
 def _pod(pod: Mapping[str, Any]) -> str:

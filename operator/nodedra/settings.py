@@ -19,6 +19,7 @@ from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9464"
+DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
 DEFAULT_STATUS_ADDRESS = "127.0.0.1:9465"
 """Localhost: the CPU map names pods and claims, for people the API lets ``exec`` in."""
 ADDRESSES = ("metrics_address", "health_address", "status_address")
@@ -46,7 +47,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     metrics_address: str = DEFAULT_METRICS_ADDRESS
-    health_address: str = "0.0.0.0:8080"
+    health_address: str = DEFAULT_HEALTH_ADDRESS
     status_address: str = DEFAULT_STATUS_ADDRESS
     watch_claims: bool = True
     release_orphans: bool = False

@@ -169,4 +169,5 @@ def _container(view: ContainerView) -> JSONObject:
         "mems": view.wanted.mems,
         "told": _cpuset(view.told),
         "in_sync": view.in_sync,
+        "cgroup": view.container.cgroups_path,
     }

@@ -11,11 +11,13 @@ and the Helm chart deploys the same, with a node pool's configuration.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import stat
 import subprocess
+import tarfile
 import threading
 import urllib.error
 import urllib.request
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from nodedra import __version__
+from nodedra import __version__, gather
 from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
@@ -153,6 +155,87 @@ def test_samples_run_pinned(deployed: DeploymentCluster) -> None:
     nodedra_pid = deployed.node.pod_pid(NAMESPACE, pod["metadata"]["name"], "nodedra")
     shared = parse_cpu_list(proc_status(nodedra_pid)["Cpus_allowed_list"])
     assert shared == parse_cpu_list(online_cpus()) - allowed
+
+
+# -- operations from kubectl alone --------------------------------------------------------------
+
+
+def _exec(cluster: DeploymentCluster, *command: str) -> subprocess.CompletedProcess[bytes]:
+    """`kubectl -n nodedra exec ds/nodedra -- COMMAND`, as docs/operations.md has it: bytes."""
+    return subprocess.run(
+        cluster.kubectl.argv("-n", NAMESPACE, "exec", "ds/nodedra", "--", *command),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_kubectl_exec_shows_verdicts_from_the_cgroups_readiness_and_metrics(
+    deployed: DeploymentCluster,
+) -> None:
+    """In the pod, which sees no other pod's processes, `nodedra status` judges the sample's
+    container by its cgroup (the host's, mounted read-only); `nodedra get` reads /readyz and
+    /metrics, and the API server's pod proxy does too."""
+    given, _ = _demo_cpus(deployed)
+    done = _exec(deployed, "nodedra", "status", "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    cpu_map = json.loads(done.stdout)
+    (demo,) = [
+        c
+        for c in cpu_map["containers"]
+        if (c["pod"]["namespace"], c["pod"]["name"], c["name"])
+        == (DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER)
+    ]
+    assert demo["kernel"]["source"] == "cgroup", demo
+    assert demo["kernel"]["where"].startswith("/host/sys/fs/cgroup/"), demo
+    assert parse_cpu_list(demo["kernel"]["cpus"]) == parse_cpu_list(given), demo
+    assert demo["kernel"]["check"] == "match", demo
+    unchecked = [c for c in cpu_map["containers"] if c["kernel"]["check"] != "match"]
+    assert not unchecked, unchecked
+    text = _exec(deployed, "nodedra", "status").stdout.decode()
+    assert f"{DEMO_NAMESPACE}/{DEMO_POD} {DEMO_CONTAINER}  CPUs {given}  ok: its cgroup" in text
+
+    ready = _exec(deployed, "nodedra", "get", "readyz")
+    assert ready.returncode == 0, ready.stderr.decode()
+    assert json.loads(ready.stdout)["ready"] is True
+    metrics = _exec(deployed, "nodedra", "get", "metrics")
+    assert metrics.returncode == 0, metrics.stderr.decode()
+    assert re.search(rb"^nodedra_nri_connected(\{.*\})? 1\.0$", metrics.stdout, re.MULTILINE)
+
+    (pod,) = deployed.nodedra_pods()
+    proxy = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}:9464/proxy"
+    raw = deployed.kubectl("get", "--raw", f"{proxy}/readyz").stdout
+    assert json.loads(raw)["ready"] is True
+    raw = deployed.kubectl("get", "--raw", f"{proxy}/metrics").stdout
+    assert re.search(r"^nodedra_devices_published(\{.*\})? ", raw, re.MULTILINE), raw[:2000]
+
+
+def test_nodedra_gather_writes_the_bug_report_archive(deployed: DeploymentCluster) -> None:
+    """`kubectl exec ... -- nodedra gather > nodedra-gather.tar.gz`: every part gathered."""
+    done = _exec(deployed, "nodedra", "gather")
+    assert done.returncode == 0, done.stderr.decode()
+    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:gz") as tar:
+        files = {}
+        for member in tar.getmembers():
+            extracted = tar.extractfile(member)
+            assert extracted is not None, member.name
+            files[member.name.split("/", 1)[1]] = extracted.read()
+    assert json.loads(files["errors.json"]) == {}
+    assert set(files) == {"README.txt", "errors.json", *gather.PARTS}
+    (demo,) = [
+        c for c in json.loads(files["status.json"])["containers"] if c["pod"]["name"] == DEMO_POD
+    ]
+    assert demo["kernel"]["check"] == "match"
+    assert json.loads(files["readyz.json"])["ready"] is True
+    claims = json.loads(files["checkpoint.json"])
+    assert claims["claims_held"] == 1, claims
+    (reservation,) = [c["reservation"] for c in claims["claims"].values()]
+    assert reservation["namespace"] == DEMO_NAMESPACE, reservation
+    specs = json.loads(files["cdi.json"])["specs"]
+    assert any(spec["name"].startswith(TOPOLOGY_AWARE) for spec in specs), specs
+    node = json.loads(files["node.json"])
+    assert node["nri_socket"]["present"] is True
+    assert node["cgroups"]["version"] in ("v1", "v2"), node["cgroups"]
 
 
 # -- what the pod may do ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """``nodedra status`` on a real node (kubelet, containerd or CRI-O, runc): what it says of a
-pod's container is what the machine says.
+pod's container, from its cgroup or else its process, is what the machine says.
 
 nodedra reads this machine's topology and pins through the node's runtime, as in
 test_node_pinning.py. The command runs as an administrator would run it on the node
@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,7 +70,27 @@ def nodedra_status(pinned: Pinned, *args: str) -> str:
     return done.stdout
 
 
-def test_status_says_where_the_pod_s_container_runs_as_proc_does(pinned: Pinned) -> None:
+def _as_the_machine_says(
+    kernel: dict[str, Any], seen: dict[str, Any], cid: str, pid: int, should: frozenset[int]
+) -> None:
+    """``kernel`` (from the cgroup) and ``seen`` (from /proc) agree with /proc/<pid>/status."""
+    machine = proc_status(pid)
+    assert parse_cpu_list(machine["Cpus_allowed_list"]) == should
+    assert kernel["source"] == "cgroup", kernel
+    assert cid in kernel["where"], kernel
+    assert parse_cpu_list(kernel["cpus"]) == should
+    assert parse_cpu_list(kernel["mems"]) == parse_cpu_list(machine["Mems_allowed_list"])
+    assert kernel["check"] == "match"
+    assert seen["source"] == "proc", seen
+    assert seen["pid"] == pid
+    assert seen["cpus"] == machine["Cpus_allowed_list"]
+    assert seen["mems"] == machine["Mems_allowed_list"]
+    assert seen["check"] == "match"
+
+
+def test_status_says_where_the_pod_s_container_runs_as_proc_does(
+    pinned: Pinned, tmp_path: Path
+) -> None:
     pinned.create("plain")
     wait_pod_running(pinned.cp, pinned.namespace, "plain")
     pod = pinned.run_claim_pod("claimer")
@@ -92,34 +113,35 @@ def test_status_says_where_the_pod_s_container_runs_as_proc_does(pinned: Pinned)
     assert {c["id"] for c in grid if c["state"] == "reserved"} == parse_cpu_list(RESERVED)
     assert cpu_map["runtime_connected"] is True
 
-    # Each pod's container: what nodedra reports is what /proc says of the process the
-    # runtime started for it.
+    # Each pod's container: what nodedra reports, from the container's cgroup (the runtime
+    # named it in its NRI events), is what /proc says of the process the runtime started for
+    # it; and where no cgroup can be read, /proc is where nodedra looks itself.
+    no_cgroups = tmp_path / "no-cgroups"
+    no_cgroups.mkdir()
+    from_proc: dict[str, Any] = json.loads(
+        nodedra_status(pinned, "--json", "--cgroup-root", str(no_cgroups))
+    )
     for name, should in (("claimer", cpus), ("plain", pinned.online - cpus)):
         fetched = pinned.cp.request("GET", f"/api/v1/namespaces/{pinned.namespace}/pods/{name}")
-        (container,) = [
-            c for c in cpu_map["containers"] if c["id"] == container_id(fetched, WORKLOAD_CONTAINER)
-        ]
+        cid = container_id(fetched, WORKLOAD_CONTAINER)
+        (container,) = [c for c in cpu_map["containers"] if c["id"] == cid]
         assert (container["pod"]["name"], container["name"]) == (name, WORKLOAD_CONTAINER)
-        pid = pinned.node.pod_pid(pinned.namespace, name)
-        machine = proc_status(pid)
-        assert container["process"]["pid"] == pid
-        assert container["process"]["cpus"] == machine["Cpus_allowed_list"]
-        assert container["process"]["mems"] == machine["Mems_allowed_list"]
-        assert parse_cpu_list(machine["Cpus_allowed_list"]) == should
         assert parse_cpu_list(container["cpus"]) == should
-        assert container["process"]["check"] == "match"
         assert container["in_sync"] is True
+        (seen,) = [c["kernel"] for c in from_proc["containers"] if c["id"] == cid]
+        _as_the_machine_says(
+            container["kernel"], seen, cid, pinned.node.pod_pid(pinned.namespace, name), should
+        )
     (on_claim,) = [c for c in cpu_map["containers"] if c["claims"]]
     assert on_claim["claims"] == {uid: [0]}
     assert parse_cpu_list(on_claim["mems"]) == mems
 
     text = nodedra_status(pinned)
-    claimer_pid = pinned.node.pod_pid(pinned.namespace, "claimer")
     assert f"claim {pinned.namespace}/{claim['metadata']['name']}" in text
     assert f"pods {pinned.namespace}/claimer" in text
     assert (
         f"{pinned.namespace}/claimer {WORKLOAD_CONTAINER}  CPUs {format_cpu_list(cpus)}  "
-        f"ok: pid {claimer_pid} runs on {format_cpu_list(cpus)}"
+        f"ok: its cgroup runs on {format_cpu_list(cpus)}"
     ) in text
     assert re.search(r"containers on the shared pool \((\d+)\): \1 ok\n", text), text
     assert "\x1b[" not in text, "no colour without a terminal"

@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from nodedra import __version__
+from nodedra import __version__, cgroupcheck
 from nodedra.dra import driver_name
 from nodedra.nri import DEFAULT_SOCKET
 from nodedra.nri.plugin import PLUGIN_NAME
@@ -53,6 +53,7 @@ EXPECTED_ENV: dict[str, str | None] = {
     "NODEDRA_METRICS_ADDRESS": "0.0.0.0:9464",
     "NODEDRA_HEALTH_ADDRESS": "0.0.0.0:8080",
     "NODEDRA_STATUS_ADDRESS": "127.0.0.1:9465",
+    "NODEDRA_CGROUP_ROOT": "/host/sys/fs/cgroup",
 }
 
 #: Host directories the DaemonSet needs.
@@ -247,7 +248,8 @@ def test_admission_policy_limits_nodedra_to_its_own_node() -> None:
 
 
 def test_daemonset_env_uses_only_known_settings() -> None:
-    known = {flag.env for flag in FLAGS} | {"NODE_NAME", "POD_UID"}
+    # NODEDRA_CGROUP_ROOT is read by the commands run with kubectl exec, not by nodedra run.
+    known = {flag.env for flag in FLAGS} | {"NODE_NAME", "POD_UID", cgroupcheck.ROOT_VARIABLE}
     env = _container()["env"]
     names = [var["name"] for var in env]
     assert len(names) == len(set(names)), names
@@ -272,11 +274,21 @@ def test_daemonset_mounts_host_paths_at_the_same_path() -> None:
     pod = _daemonset()["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths.pop("cgroup") == "/sys/fs/cgroup"  # below: not over the pod's own
     assert set(host_paths.values()) == EXPECTED_HOST_PATHS
     for name, path in host_paths.items():
         assert mounts.get(name) == path, f"hostPath volume {name} ({path}) mounted at {mounts}"
     volumes = {v["name"] for v in pod["volumes"]}
     assert set(mounts) <= volumes
+
+
+def test_daemonset_mounts_the_host_s_cgroups_read_only_where_nodedra_status_reads_them() -> None:
+    """The pod's own /sys/fs/cgroup shows its own cgroup only: the host's is mounted beside
+    it, read-only, and NODEDRA_CGROUP_ROOT names it for `kubectl exec ... nodedra status`."""
+    (mount,) = [m for m in _container()["volumeMounts"] if m["name"] == "cgroup"]
+    assert mount["readOnly"] is True
+    env = {var["name"]: var.get("value") for var in _container()["env"]}
+    assert env["NODEDRA_CGROUP_ROOT"] == mount["mountPath"] != "/sys/fs/cgroup"
 
 
 def test_daemonset_mounts_the_nri_socket_nodedra_connects_to() -> None:

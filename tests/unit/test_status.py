@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from nodedra import cpumap, httpserver, status
+from nodedra import cpumap, endpoints, httpserver, status
 from nodedra.cli import main
 from nodedra.dra import ClaimRef, driver_name
 from nodedra.nri import Container, CPUSet, PluginOptions, Pod
@@ -271,7 +271,9 @@ def test_status_has_a_listener_of_its_own_and_the_command_reads_it(
         node.manager, node.topology, NODE
     )
     (container,) = printed["containers"]
-    assert container["process"] == {
+    assert container["kernel"] == {
+        "source": "proc",
+        "where": str(proc / "4242"),
         "pid": 4242,
         "cpus": format_cpu_list(cpus),
         "mems": mems,
@@ -380,7 +382,7 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
     fake_process(proc, 330, "crio-eeee", "8")  # CRI-O with cgroupfs
     (proc / "self").mkdir()  # not a process directory
     (proc / "400").mkdir()  # a process gone before its files were read
-    checked = cpumap.check_processes(
+    checked = cpumap.check(
         containers_map(
             entry("aaaa", "2-3"),
             entry("bbbb", "4,5,6"),
@@ -388,9 +390,10 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
             entry("dddd", "7"),
             entry("eeee", "8"),
         ),
+        None,
         proc,
     )
-    processes = [c["process"] for c in checked["containers"]]
+    processes = [c["kernel"] for c in checked["containers"]]
     assert [(p["pid"], p["check"]) for p in processes] == [
         (300, "match"),
         (310, "mismatch"),
@@ -399,10 +402,11 @@ def test_each_container_is_found_by_its_cgroup_and_compared(tmp_path: Path) -> N
         (330, "match"),
     ]
     assert processes[1]["cpus"] == "4-5"
-    assert processes[3]["detail"] == "no process of it is visible here"
-    assert (
-        cpumap.check_processes({"numa_nodes": [], "containers": None}, proc)["containers"] is None
+    assert {p["source"] for i, p in enumerate(processes) if i != 3} == {"proc"}
+    assert processes[3]["detail"] == (
+        f"no cgroup root given; and no process of it is visible in {proc}"
     )
+    assert cpumap.check({"numa_nodes": [], "containers": None}, None, proc)["containers"] is None
 
 
 # Drawing ----------------------------------------------------------------------------------
@@ -477,8 +481,8 @@ containers on claims (1):
   A  shop/checkout main  CPUs 1,5  ok: pid 11 runs on 1,5
 containers on the shared pool (2): 1 ok, 1 update pending
   .  shop/cart web  CPUs 0,3-4,6-7  not checked; update pending (runtime told 0-7)
-(not checked: no process of the container is visible here; run nodedra status
- on the node itself, where /proc shows every container's processes)
+(not checked, 1: neither the cgroup nor a process of the container is readable here;
+ the first: no cgroup root given; and no process of it is visible in PROC)
 """
 
 
@@ -486,17 +490,18 @@ def checked_small_map(tmp_path: Path) -> dict[str, Any]:
     proc = tmp_path / "proc"
     fake_process(proc, 11, f"ctr-{POD.name}-main", "1,5", mems="0")
     fake_process(proc, 12, f"ctr-{OTHER.name}-log", "0,3-4,6-7")
-    return cpumap.check_processes(small_map(), proc)
+    return cpumap.check(small_map(), None, proc)
 
 
 def test_the_text_draws_numa_nodes_cores_claims_and_containers(tmp_path: Path) -> None:
-    assert cpumap.render_text(checked_small_map(tmp_path)) == EXPECTED
+    expected = EXPECTED.replace("PROC", str(tmp_path / "proc"))
+    assert cpumap.render_text(checked_small_map(tmp_path)) == expected
 
 
 def test_colour_marks_each_claim_and_changes_nothing_else(tmp_path: Path) -> None:
     cpu_map = checked_small_map(tmp_path)
     coloured = cpumap.render_text(cpu_map, colour=True)
-    assert ANSI.sub("", coloured) == EXPECTED
+    assert ANSI.sub("", coloured) == EXPECTED.replace("PROC", str(tmp_path / "proc"))
     a, b = cpumap.CLAIM_COLOURS[:2]
     assert f"\x1b[{a}m1:A\x1b[0m \x1b[{a}m5:A\x1b[0m" in coloured
     assert f"\x1b[{b}m2:B\x1b[0m" in coloured
@@ -507,7 +512,7 @@ def test_colour_marks_each_claim_and_changes_nothing_else(tmp_path: Path) -> Non
 
 def test_a_narrow_terminal_wraps_the_cores_and_a_mismatch_is_shouted(tmp_path: Path) -> None:
     cpu_map = checked_small_map(tmp_path)
-    cpu_map["containers"][0]["process"].update(cpus="1", check="mismatch")
+    cpu_map["containers"][0]["kernel"].update(cpus="1", check="mismatch")
     text = cpumap.render_text(cpu_map, width=12)
     assert "  [0:R 4:R]\n  [1:A 5:A]\n" in text
     assert "MISMATCH: pid 11 runs on 1" in text
@@ -564,4 +569,4 @@ def test_colour_only_on_a_terminal_that_wants_it(
     ],
 )
 def test_the_address_is_that_of_the_metrics(address: str, url: str) -> None:
-    assert cpumap.status_url(address) == url
+    assert endpoints.url(address, "/status") == url

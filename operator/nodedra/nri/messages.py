@@ -4,7 +4,7 @@ The runtime's messages carry much more than pinning needs. What is used is read 
 frozen values here, at the boundary: the pod's identity, the container's identity, the CDI
 devices the kubelet asked for, the *names* of its environment variables (their values are
 never kept: a container could set any value it likes, so nothing may be decided on one),
-and the cpuset it runs with.
+the cpuset it runs with and the cgroup it runs in.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class Container:
     """The names of its environment variables, CDI edits included; never their values."""
     cpuset: CPUSet
     """What it runs with now, as the runtime says."""
+    cgroups_path: str = ""
+    """Its cgroup as the runtime names it: a path, or systemd's ``slice:prefix:name``; ""
+    if not told. Only read to show where it runs (``nodedra status``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ def container_of(message: pb.Container) -> Container:
         cdi_devices=tuple(device.name for device in message.CDI_devices),
         env_names=frozenset(entry.partition("=")[0] for entry in message.env),
         cpuset=CPUSet(cpu.cpus, cpu.mems),
+        cgroups_path=message.linux.cgroups_path,
     )
 
 
