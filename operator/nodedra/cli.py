@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nodedra import __version__, cpumap
+from nodedra.cleanup import NodePaths, command
 from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
@@ -82,6 +83,17 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cleanup(args: argparse.Namespace) -> int:
+    """``nodedra cleanup``: remove nodedra's files from this node, once nodedra is gone."""
+    paths = NodePaths(
+        registry_dir=args.registry_dir,
+        plugins_dir=args.plugins_dir,
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir,
+    )
+    return command(paths, sys.stdout, sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nodedra`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -119,6 +131,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
     )
+    cleanup_parser = commands.add_parser(
+        "cleanup",
+        help="remove nodedra's files from this node once nodedra no longer runs on it",
+        description="Remove what nodedra wrote on this node: its checkpoint (state "
+        "directory), its claims' CDI specs and device metadata, its lock files and sockets; "
+        "print each path removed. Refuses while nodedra still runs here. Other vendors' "
+        "files are never touched; running containers keep running.",
+    )
+    defaults = NodePaths()
+    for flag, env, default, what in (
+        ("--registry-dir", "NODEDRA_REGISTRY_DIR", defaults.registry_dir, "plugin registry"),
+        ("--plugins-dir", None, defaults.plugins_dir, "kubelet's plugins directory"),
+        ("--cdi-dir", "NODEDRA_CDI_DIR", defaults.cdi_dir, "CDI spec directory"),
+        ("--state-dir", "NODEDRA_STATE_DIR", defaults.state_dir, "checkpoint's directory"),
+    ):
+        cleanup_parser.add_argument(
+            flag,
+            type=Path,
+            default=Path(os.environ.get(env) or default) if env else default,
+            help=f"the {what} (default: {f'${env}, else ' if env else ''}{default})",
+        )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
     args = parser.parse_args(argv)
@@ -129,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "status":
         return status(args)
+    if args.command == "cleanup":
+        return cleanup(args)
     try:
         topo = read_topology(args.sysfs)
         config = load_config(args.config) if args.config else PolicyConfig()
