@@ -27,7 +27,8 @@ from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SERI
 from nodedra.dra.names import CDI_CLASS, driver_name
 from nodedra.lib.locks import held_elsewhere
 from nodedra.policy import POLICIES
-from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME
+from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME, Checkpoint, CheckpointError
+from nodedra.resmgr.ledger import reservations_of
 from nodedra.resmgr.nrirole import NRI_ROLE_LOCK
 
 DEFAULT_STATE_DIR = Path("/var/lib/nodedra")
@@ -90,11 +91,33 @@ def still_running(paths: NodePaths) -> str | None:
     return None
 
 
-def ours(paths: NodePaths) -> tuple[list[Path], list[Path]]:
-    """nodedra's files on this node, in the order to remove them; and foreign files.
+def prepared_claims(state_dir: Path) -> list[str]:
+    """The claims the checkpoint still holds, as ``namespace/name``; CheckpointError if bad.
 
-    The foreign files are those found in the state directory: they are kept, and so is the
-    directory, which is removed only once empty.
+    Their containers run on, but the kubelet cannot unprepare them without nodedra: a pod of
+    one that is deleted afterwards stays Terminating (`test_deploy.py` shows it), which the
+    admin had better hear before than find later.
+    """
+    if not (state_dir / FILE_NAME).exists() and not (state_dir / LEGACY_NAME).exists():
+        return []
+    state = Checkpoint(state_dir / FILE_NAME).load()
+    if state is None:
+        return []
+    reservations = reservations_of(state)
+    return sorted(
+        f"{reservations[uid].namespace}/{reservations[uid].name}"
+        if uid in reservations
+        else f"with UID {uid}"
+        for uid in state.claims
+    )
+
+
+def ours(paths: NodePaths) -> tuple[list[Path], list[Path]]:
+    """nodedra's files on this node, in the order to remove them; and what is left.
+
+    Left are the foreign files found in the state directory, and then the directory too,
+    which is removed only once empty; and the directory if it is a mount point (a volume
+    of that very directory, or a bind mount of it on the host).
     """
     found: list[Path] = []
     found += _cdi_files(paths)
@@ -192,7 +215,9 @@ def _state_files(state_dir: Path) -> tuple[list[Path], list[Path]]:
     mine = [n for n in names if n in (FILE_NAME, LEGACY_NAME) or temporary.fullmatch(n)]
     foreign = [state_dir / n for n in names if n not in mine]
     found = [state_dir / n for n in mine]
-    if not foreign:
+    if os.path.ismount(state_dir):  # cannot be removed: said as left, with why
+        foreign.append(state_dir)
+    elif not foreign:
         found.append(state_dir)
     return found, foreign
 
@@ -237,6 +262,8 @@ def command(paths: NodePaths, out: TextIO, err: TextIO) -> int:
     every new container on the node.
     """
     print(f"nodedra cleanup: {RUNTIME_FIRST}", file=err)
+    if still_running(paths) is None:  # else said below
+        _warn_of_prepared_claims(paths.state_dir, err)
     try:
         report = cleanup(paths, lambda path: print(f"removed {path}", file=out, flush=True))
     except StillRunningError as error:
@@ -246,9 +273,28 @@ def command(paths: NodePaths, out: TextIO, err: TextIO) -> int:
         print(f"nodedra cleanup: {error.strerror}; run it again once that is fixed", file=err)
         return 1
     for path in report.left:
-        print(f"left {path}: not a file of nodedra's", file=out)
+        if os.path.ismount(path):
+            print(f"left {path}: a mount point here (remove it on the host)", file=out)
+        else:
+            print(f"left {path}: not a file of nodedra's", file=out)
     if report.removed:
         print(f"nodedra cleanup: removed {len(report.removed)} paths of nodedra's", file=out)
     else:
         print("nodedra cleanup: no file of nodedra's was left on this node", file=out)
     return 0
+
+
+def _warn_of_prepared_claims(state_dir: Path, err: TextIO) -> None:
+    """Name the claims still prepared on this node, and what that means for their pods."""
+    try:
+        claims = prepared_claims(state_dir)
+    except (CheckpointError, OSError, ValueError) as error:
+        print(f"nodedra cleanup: cannot tell which claims are still prepared: {error}", file=err)
+        return
+    for claim in claims:
+        print(
+            f"nodedra cleanup: claim {claim} is still prepared on this node: its containers "
+            "keep running on its CPUs, but a pod of it deleted from now on stays Terminating "
+            "(the kubelet cannot unprepare a claim without its driver)",
+            file=err,
+        )

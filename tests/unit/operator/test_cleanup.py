@@ -217,3 +217,32 @@ def test_foreign_files_in_the_state_directory_stay(
     assert main(args(node)) == 0
     assert sorted(node.state_dir.iterdir()) == [kept]
     assert f"left {kept}: not a file of nodedra's" in capsys.readouterr().out
+
+
+def test_claims_still_prepared_are_named_and_their_files_go(
+    node: NodePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Their containers run on; what the admin needs to hear is that the kubelet cannot
+    unprepare them any more, so their pods, once deleted, stay Terminating."""
+    nodedras_files(node)
+    held: dict[str, object] = {"uid-1": {"grants": []}, "uid-2": {"grants": []}}
+    reserved = {"uid-1": {"namespace": "team", "name": "db-cpus", "pods": ["pod-uid"]}}
+    Checkpoint(node.state_dir / FILE_NAME).save(
+        State("topology-aware", TOPOLOGY_AWARE, held, reserved)
+    )
+    assert main(args(node)) == 0
+    err = capsys.readouterr().err
+    assert "claim team/db-cpus is still prepared on this node" in err
+    assert "claim with UID uid-2 is still prepared on this node" in err
+    assert "a pod of it deleted from now on stays Terminating" in err
+    assert not node.state_dir.exists()
+
+
+def test_an_unreadable_checkpoint_does_not_stop_the_cleanup(
+    node: NodePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodedras_files(node)
+    (node.state_dir / FILE_NAME).write_bytes(b"\0" * 100)
+    assert main(args(node)) == 0
+    assert "cannot tell which claims are still prepared: " in capsys.readouterr().err
+    assert not node.state_dir.exists()
