@@ -262,15 +262,16 @@ def command(paths: NodePaths, out: TextIO, err: TextIO) -> int:
     every new container on the node.
     """
     print(f"nodedra cleanup: {RUNTIME_FIRST}", file=err)
-    if still_running(paths) is None:  # else said below
-        _warn_of_prepared_claims(paths.state_dir, err)
     try:
+        if still_running(paths) is None:  # else the refusal below says why
+            _warn_of_prepared_claims(paths.state_dir, err)
         report = cleanup(paths, lambda path: print(f"removed {path}", file=out, flush=True))
     except StillRunningError as error:
         print(f"nodedra cleanup: {error}", file=err)
         return 1
     except OSError as error:
-        print(f"nodedra cleanup: {error.strerror}; run it again once that is fixed", file=err)
+        what = error.strerror if error.filename is None else f"{error.filename}: {error.strerror}"
+        print(f"nodedra cleanup: {what}; run it again once that is fixed", file=err)
         return 1
     for path in report.left:
         if os.path.ismount(path):

@@ -246,3 +246,24 @@ def test_an_unreadable_checkpoint_does_not_stop_the_cleanup(
     assert main(args(node)) == 0
     assert "cannot tell which claims are still prepared: " in capsys.readouterr().err
     assert not node.state_dir.exists()
+
+
+def test_a_removal_that_fails_is_named_after_what_was_removed(
+    node: NodePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spec's name taken by a directory with something in it: the removal fails, the
+    cleanup says which path and stops; what it removed before is printed, and a second run
+    after the fix finishes the job."""
+    nodedras_files(node)
+    blocker = node.cdi_dir / f"{TOPOLOGY_AWARE}-device_zz.yaml"
+    (blocker / "inside").mkdir(parents=True)
+    assert main(args(node)) == 1
+    captured = capsys.readouterr()
+    assert (
+        f"nodedra cleanup: cannot remove {blocker}: Directory not empty; "
+        "run it again once that is fixed"
+    ) in captured.err
+    assert f"removed {node.cdi_dir / f'{STATIC}-device_c1a1m-uid.yaml'}" in captured.out
+    (blocker / "inside").rmdir()
+    assert main(args(node)) == 0
+    assert files_under(node) == set()
