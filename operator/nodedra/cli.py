@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nodedra import __version__, cgroupcheck, cpumap, endpoints, gather, served
+from nodedra.cleanup import NodePaths, command
 from nodedra.inventory import inventory, render_json, render_text
 from nodedra.observability import configure_logging
 from nodedra.policy import ConfigError, PolicyConfig, PolicyError, load_config
@@ -142,6 +143,17 @@ def gather_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def cleanup(args: argparse.Namespace) -> int:
+    """``nodedra cleanup``: remove nodedra's files from this node, once nodedra is gone."""
+    paths = NodePaths(
+        registry_dir=args.registry_dir,
+        plugins_dir=args.plugins_dir,
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir,
+    )
+    return command(paths, sys.stdout, sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nodedra`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -220,6 +232,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     gather_parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for each endpoint"
     )
+    cleanup_parser = commands.add_parser(
+        "cleanup",
+        help="remove nodedra's files from this node once nodedra no longer runs on it",
+        description="Remove what nodedra wrote on this node: its checkpoint (state "
+        "directory), its claims' CDI specs and device metadata, its lock files and sockets; "
+        "print each path removed. Refuses while nodedra still runs here. Other vendors' "
+        "files are never touched; running containers keep running.",
+    )
+    defaults = NodePaths()
+    for flag, env, default, what in (
+        ("--registry-dir", "NODEDRA_REGISTRY_DIR", defaults.registry_dir, "plugin registry"),
+        ("--plugins-dir", None, defaults.plugins_dir, "kubelet's plugins directory"),
+        ("--cdi-dir", "NODEDRA_CDI_DIR", defaults.cdi_dir, "CDI spec directory"),
+        ("--state-dir", "NODEDRA_STATE_DIR", defaults.state_dir, "checkpoint's directory"),
+    ):
+        cleanup_parser.add_argument(
+            flag,
+            type=Path,
+            default=Path(os.environ.get(env) or default) if env else default,
+            help=f"the {what} (default: {f'${env}, else ' if env else ''}{default})",
+        )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
     args = parser.parse_args(argv)
@@ -230,5 +263,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "get": get,
         "gather": gather_command,
         "topology": topology,
+        "cleanup": cleanup,
     }
     return commands_run[args.command](args)

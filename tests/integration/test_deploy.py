@@ -6,7 +6,8 @@ and the samples' busybox imported into the node's containerd as if pulled. The m
 applied unchanged: the image they name is the one the node has. The tests run in order, each
 going on from where the one before left the cluster: the DaemonSet runs, the samples run
 pinned, the pod's credentials are what the manifests promise, a rolling update loses nothing,
-and the Helm chart deploys the same, with a node pool's configuration.
+the Helm chart deploys the same, with a node pool's configuration, and uninstalling
+leaves nothing of nodedra's on the node.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import io
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import tarfile
@@ -31,7 +33,7 @@ from nodedra import __version__, gather
 from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
-from tests.peers.cluster import poll, resource_slices
+from tests.peers.cluster import get_pod, poll, resource_slices
 from tests.peers.deployment import NAMESPACE, POD_SELECTOR, DeploymentCluster
 from tests.peers.image import DEFAULT_NAME as IMAGE
 from tests.peers.nodedra_node import (
@@ -584,3 +586,147 @@ def test_a_node_pool_takes_its_node_over(deployed: DeploymentCluster) -> None:
         name: capacity - POOL_RESERVED_MEMORY for name, capacity in memory_before.items()
     }, "the pool's nodedra does not keep the pool's reservedMemory out of its devices"
     assert _demo_cpus(deployed) == (given, allowed)
+
+
+# -- uninstalling -------------------------------------------------------------------------------
+
+CLEANUP = MANIFESTS / "cleanup"
+DRIVERS = (TOPOLOGY_AWARE, "static.nri.io")
+FOREIGN_SPEC = {
+    "cdiVersion": "0.5.0",
+    "kind": "example.com/device",
+    "devices": [{"name": "gpu0", "containerEdits": {"env": ["EXAMPLE=1"]}}],
+}
+
+
+def _nodedras_files(cluster: DeploymentCluster) -> list[Path]:
+    """What of nodedra's is on the node: its CDI specs, data directories (sockets, locks,
+    device metadata), registration sockets, and whatever is in its state directory."""
+    node = cluster.node
+    found = [
+        p
+        for directory in (node.cdi_dir, node.registry_dir, node.plugins_dir)
+        for p in directory.iterdir()
+        if p.name.lstrip(".").startswith(DRIVERS) or p.name.startswith(".nodedra-")
+    ]
+    return sorted([*found, *node.nodedra_state_dir.iterdir()])
+
+
+def test_uninstall_leaves_nothing_behind(deployed: DeploymentCluster) -> None:
+    """docs/deploying.md, "Uninstalling", on the Helm release: the DaemonSet deleted, the
+    cleanup DaemonSet applied, waited for and deleted, `helm uninstall`. No file of
+    nodedra's is left on the node (another vendor's CDI spec is), the kubelet drops the
+    slices, the claimed container runs on as before, and a new pod runs on every CPU."""
+    given, allowed = _demo_cpus(deployed)
+    demo_pid = deployed.node.pod_pid(DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER)
+    foreign = deployed.node.cdi_dir / "example.com-device.json"
+    foreign.write_text(json.dumps(FOREIGN_SPEC))
+    before = _nodedras_files(deployed)
+    specs = [p for p in before if p.parent == deployed.node.cdi_dir]
+    assert len(specs) == 1, f"expected the sample claim's CDI spec: {before}"
+    assert deployed.node.plugins_dir / TOPOLOGY_AWARE in before, before
+    assert any(p.parent == deployed.node.nodedra_state_dir for p in before), before
+
+    # Too early, while nodedra runs: the cleanup refuses, removes nothing, and says why.
+    deployed.kubectl("apply", "-k", str(CLEANUP))
+    refusal = poll(
+        lambda: _cleanup_log(deployed) if "nothing was removed" in _cleanup_log(deployed) else None,
+        120,
+        lambda: f"the cleanup to refuse: {_cleanup_log(deployed)}",
+    )
+    assert "nodedra cleanup: nodedra still runs on this node (" in refusal, refusal
+    assert "delete its DaemonSet first" in refusal, refusal
+    assert _nodedras_files(deployed) == before
+    deployed.kubectl("delete", "-k", str(CLEANUP), "--wait=true")
+
+    # The page's commands, as an admin copies them: step 3, then the Helm flavour of step 4.
+    commands = _uninstall_commands()
+    assert [argv[0] for argv in commands] == ["kubectl"] * 5 + ["helm"], commands
+    log = ""
+    for argv in commands:
+        tool = deployed.kubectl if argv[0] == "kubectl" else deployed.helm
+        done = tool(*argv[1:], timeout=360)
+        if argv[1:3] == ["-n", NAMESPACE] and argv[3] == "delete":
+            assert not deployed.nodedra_pods(), "nodedra's pod outlived its DaemonSet's delete"
+        if "logs" in argv:
+            log = done.stdout + done.stderr
+
+    # Inside the cleanup's pod the CDI directory is at its host path.
+    assert f"removed /var/run/cdi/{specs[0].name}\n" in log, log
+    assert "removed /var/lib/kubelet/plugins/topology-aware.nri.io\n" in log, log
+    assert "removed /host/var/lib/nodedra/checkpoint.slots\n" in log, log
+    assert re.search(
+        rf"claim {DEMO_NAMESPACE}/{DEMO_POD}-cpus-\w+ is still prepared on this node", log
+    ), log
+    assert _nodedras_files(deployed) == [], log
+    # The test node's /var/lib/nodedra is a bind mount of its working directory, which the
+    # cleanup empties but cannot remove; on a real node it is a directory, and goes.
+    assert "left /host/var/lib/nodedra: a mount point here" in log, log
+    assert json.loads(foreign.read_text()) == FOREIGN_SPEC
+    listed = json.loads(deployed.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout)
+    assert listed == []
+    poll(
+        lambda: not resource_slices(deployed.cp, deployed.node.node_name, TOPOLOGY_AWARE) or None,
+        120,
+        lambda: "the kubelet to delete nodedra's ResourceSlices",
+    )
+
+    # The claimed container never stopped and keeps its CPU.
+    assert deployed.node.pod_pid(DEMO_NAMESPACE, DEMO_POD, DEMO_CONTAINER) == demo_pid
+    assert _demo_cpus(deployed) == (given, allowed)
+
+    # A pod without a claim starts, on every CPU.
+    deployed.kubectl("apply", "-f", "-", input=json.dumps(_plain_pod("after-uninstall")))
+    wait_pod_running(deployed.cp, DEMO_NAMESPACE, "after-uninstall", timeout=120)
+    pid = deployed.node.pod_pid(DEMO_NAMESPACE, "after-uninstall", "main")
+    assert parse_cpu_list(proc_status(pid)["Cpus_allowed_list"]) == parse_cpu_list(online_cpus())
+
+
+def _uninstall_commands() -> list[list[str]]:
+    """The commands of docs/deploying.md's "Uninstalling", in order, each split as sh does."""
+    page = (ROOT / "docs" / "deploying.md").read_text()
+    section = page.split("\n## Uninstalling\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _cleanup_log(cluster: DeploymentCluster) -> str:
+    """What the cleanup's init container printed, stdout and stderr ('' before it ran)."""
+    done = cluster.kubectl(
+        "-n", NAMESPACE, "logs", "daemonset/nodedra-cleanup", "-c", "cleanup", check=False
+    )  # fmt: skip
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": DEMO_NAMESPACE},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {"name": "main", "image": "busybox:1.35.0", "command": ["sleep", "3600"]}
+            ],
+        },
+    }
+
+
+def test_a_claimed_pod_deleted_after_uninstall_stays_terminating(
+    deployed: DeploymentCluster,
+) -> None:
+    """What the cleanup warned of: with nodedra gone, the kubelet stops the sample's container
+    but cannot unprepare its claim, so the pod is never removed; the kubelet says why."""
+    offset = deployed.node.log_paths()["kubelet"].stat().st_size
+    deployed.kubectl("-n", DEMO_NAMESPACE, "delete", "pod", DEMO_POD, "--wait=false")
+    refusal = (
+        f'"unprepare dynamic resources: DRA driver {TOPOLOGY_AWARE} is not registered" '
+        f'pod="{DEMO_NAMESPACE}/{DEMO_POD}"'
+    )
+    poll(
+        lambda: refusal in _kubelet_log_since(deployed, offset) or None,
+        120,
+        lambda: f"the kubelet to fail the unprepare: {_kubelet_log_since(deployed, offset)}",
+    )
+    pod = get_pod(deployed.cp, DEMO_NAMESPACE, DEMO_POD)
+    assert pod["metadata"].get("deletionTimestamp"), pod["metadata"]

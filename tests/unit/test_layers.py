@@ -43,6 +43,8 @@ def loaded_by(module: str) -> set[str]:
             {"nodedra.handlers", "nodedra.runtime", "nodedra.resmgr", "nodedra.policy", "kopf"},
         ),
         ("nodedra.status", {"nodedra.handlers", "nodedra.runtime", "nodedra.cli", "kopf"}),
+        # `nodedra cleanup` removes files: nothing of what runs the operator.
+        ("nodedra.cleanup", {"nodedra.handlers", "nodedra.runtime", "kopf"}),
         (
             # `nodedra status` reads the map over HTTP: none of what serves it.
             "nodedra.cpumap",

@@ -28,6 +28,7 @@ from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 SAMPLES = MANIFESTS / "samples"
+CLEANUP = MANIFESTS / "cleanup"
 PINNING = ROOT / "docs" / "pinning.md"
 NAMESPACE = "nodedra"
 SAMPLES_NAMESPACE = "nodedra-demo"
@@ -122,7 +123,9 @@ def test_every_file_parses(path: Path) -> None:
     assert _documents(path), f"{path} holds no object"
 
 
-@pytest.mark.parametrize("directory", [MANIFESTS, SAMPLES], ids=["main", "samples"])
+@pytest.mark.parametrize(
+    "directory", [MANIFESTS, SAMPLES, CLEANUP], ids=["main", "samples", "cleanup"]
+)
 def test_kustomization_lists_exactly_the_files_present(directory: Path) -> None:
     present = {p.name for p in _yaml_files(directory)} - {"kustomization.yaml"}
     listed = [p.name for p in _resources(directory)]
@@ -133,12 +136,13 @@ def test_kustomization_lists_exactly_the_files_present(directory: Path) -> None:
 def test_samples_are_not_part_of_the_main_kustomization() -> None:
     (kustomization,) = _documents(MANIFESTS / "kustomization.yaml")
     assert not any("samples" in entry for entry in kustomization["resources"])
+    assert not any("cleanup" in entry for entry in kustomization["resources"])
 
 
 @pytest.mark.parametrize(
     ("directory", "namespace"),
-    [(MANIFESTS, NAMESPACE), (SAMPLES, SAMPLES_NAMESPACE)],
-    ids=["main", "samples"],
+    [(MANIFESTS, NAMESPACE), (SAMPLES, SAMPLES_NAMESPACE), (CLEANUP, NAMESPACE)],
+    ids=["main", "samples", "cleanup"],
 )
 def test_objects_are_complete_and_in_their_namespace(directory: Path, namespace: str) -> None:
     objects = list(_objects(directory))
@@ -153,7 +157,8 @@ def test_objects_are_complete_and_in_their_namespace(directory: Path, namespace:
         else:
             assert obj["metadata"].get("namespace") == namespace, where
     namespaces = [o["metadata"]["name"] for _, o in objects if o["kind"] == "Namespace"]
-    assert namespaces == [namespace]
+    # The cleanup runs in nodedra's namespace, before it is deleted.
+    assert namespaces == ([] if directory == CLEANUP else [namespace])
 
 
 def test_api_versions() -> None:
@@ -448,3 +453,43 @@ def test_sample_static_asks_for_two_cpus_on_one_numa_node() -> None:
     assert devices["constraints"] == [
         {"requests": [request["name"]], "matchAttribute": "resource.kubernetes.io/numaNode"}
     ]
+
+
+# -- the cleanup DaemonSet (docs/deploying.md, "Uninstalling") ---------------------------------
+
+
+def _host_paths(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """Mount path -> host path of a container's hostPath volumes."""
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod_spec["volumes"] if "hostPath" in v}
+    mounts = container["volumeMounts"]
+    return {m["mountPath"]: volumes[m["name"]] for m in mounts if m["name"] in volumes}
+
+
+def test_cleanup_daemonset_cleans_where_nodedra_writes() -> None:
+    """Its `nodedra cleanup` runs with nodedra's image and sees every host path nodedra
+    writes to, at the paths nodedra uses (the state directory through its parent, so that
+    the directory itself can go); it needs no API access."""
+    (cleanup,) = [obj for _, obj in _objects(CLEANUP)]
+    spec = cleanup["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["image"] == _container()["image"]
+    assert init["command"][:2] == ["nodedra", "cleanup"]
+    seen = _host_paths(spec, init)
+    state_flag = init["command"][init["command"].index("--state-dir") + 1]
+    (state_mount,) = [m for m in seen if state_flag.startswith(m + "/")]
+    state_on_host = seen[state_mount] + state_flag.removeprefix(state_mount)
+    assert state_on_host == EXPECTED_ENV["NODEDRA_STATE_DIR"]
+    written = EXPECTED_HOST_PATHS - {"/var/run/nri", state_on_host}  # the runtime's socket
+    assert written <= {host for mount, host in seen.items() if mount == host}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["tolerations"] == _daemonset()["spec"]["template"]["spec"]["tolerations"]
+
+
+def test_cleanup_pod_is_not_let_past_a_runtime_that_requires_nodedra() -> None:
+    """nodedra's own pod tolerates a missing nodedra; the cleanup's must not, so that on a
+    node whose runtime still requires nodedra it is refused instead of cleaning up."""
+    (cleanup,) = [obj for _, obj in _objects(CLEANUP)]
+    annotations = cleanup["spec"]["template"]["metadata"].get("annotations") or {}
+    assert TOLERATE_MISSING_PLUGINS_ANNOTATION not in annotations
+    nodedra = _daemonset()["spec"]["template"]["metadata"]["annotations"]
+    assert TOLERATE_MISSING_PLUGINS_ANNOTATION in nodedra

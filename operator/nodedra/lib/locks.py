@@ -65,3 +65,18 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another open file description holds a lock on ``path``, which must exist.
+
+    Unlike :meth:`FileLock.acquire`, this creates nothing: it is for looking at what may be
+    the lock of a process that is gone (no lock, no holder) without leaving a file behind.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        whole_file = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, whole_file)
+        return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
