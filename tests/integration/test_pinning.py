@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from nodedra.dra import claim_of_cdi_device
 from nodedra.resmgr import Checkpoint
-from nodedra.topology import format_cpu_list, parse_cpu_list
-from tests.conftest import KubeletFactory, NodedraFactory
+from nodedra.topology import format_cpu_list, parse_cpu_list, read_topology
+from tests.conftest import NODEDRA_SYSFS, KubeletFactory, NodedraFactory
 from tests.peers.cluster import (
     get_claim,
     get_pod,
@@ -48,6 +48,7 @@ from tests.peers.peer_groups import NRI_VERSIONS
 
 DEVICES = 4
 ONLINE = "0-55"
+ISOLATED = read_topology(NODEDRA_SYSFS).isolated
 """The fixture machine's CPUs (tests/fixtures/sysfs/two-socket-smt2-numa4)."""
 RESERVED = "0"
 """What the test configuration reserves: CPU 0 is always in the shared pool."""
@@ -136,13 +137,14 @@ class Node:
         return parse_cpu_list(self.runtime.container(container_id).cpus)
 
     def shared(self) -> frozenset[int]:
-        """What containers without claims should run on now: online less every claim's."""
+        """What containers without claims should run on now: online less every claim's and
+        less the fixture's isolated CPUs (kept for claims)."""
         state = Checkpoint(self.factory.dirs.checkpoint).load()
         assert state is not None
         taken = frozenset().union(
             *(parse_cpu_list(g["cpus"]) for c in state.claims.values() for g in c["grants"])
         )
-        return parse_cpu_list(ONLINE) - taken
+        return parse_cpu_list(ONLINE) - taken - ISOLATED
 
     def wait_cpus(self, container_id: str, expected: frozenset[int]) -> None:
         seen: frozenset[int] = frozenset()
@@ -196,7 +198,8 @@ def test_claimed_cpus_are_the_containers_and_no_one_elses(node: Node) -> None:
     """A claim pins its container; containers without claims give its CPUs up while it is
     prepared and get them back when it is unprepared."""
     plain = node.plain_container("plain")
-    assert node.cpus_of(plain) == parse_cpu_list(ONLINE), "nothing claimed: everything"
+    # Nothing claimed: every CPU but the fixture's isolated ones, which are kept for claims.
+    assert node.cpus_of(plain) == node.shared() == parse_cpu_list(ONLINE) - ISOLATED
 
     uid, claimed = node.claim_pod("claimer", {"cpu": "4", "memory": "64Mi"})
     cpus, mems = node.grants(uid)
@@ -213,7 +216,7 @@ def test_claimed_cpus_are_the_containers_and_no_one_elses(node: Node) -> None:
     node.runtime.stop_container(claimed)
     node.runtime.remove_container(claimed)
     node.kubelet.unprepare(node.namespace, "claimer")
-    node.wait_cpus(plain, parse_cpu_list(ONLINE))
+    node.wait_cpus(plain, parse_cpu_list(ONLINE) - ISOLATED)
     assert node.nodedra.metric("nodedra_nri_connected") == 1
     assert node.nodedra.metric("nodedra_pinned_containers") == 0
 
