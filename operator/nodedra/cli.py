@@ -121,6 +121,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
+    preflight_parser = commands.add_parser(
+        "preflight",
+        help="check the node before nodedra pins it: the kubelet's managers, the runtime, "
+        "other CPU drivers, feature gates",
+        description="Run the checks `nodedra run` makes at start and keeps making, print each "
+        "(ok, unknown, warn, fail) with its fix, and exit 1 if one failed. Takes the same "
+        "settings as `nodedra run`: in nodedra's pod, run it with kubectl exec.",
+    )
+    add_arguments(preflight_parser)
+    preflight_parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.command == "version":
         print(f"nodedra {__version__}")
@@ -129,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "status":
         return status(args)
+    if args.command == "preflight":
+        from nodedra.preflight.command import preflight  # noqa: PLC0415 (the API client: heavy)
+
+        return preflight(args)
     try:
         topo = read_topology(args.sysfs)
         config = load_config(args.config) if args.config else PolicyConfig()
