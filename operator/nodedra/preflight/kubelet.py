@@ -47,7 +47,7 @@ class Read:
 
 def _read(path: Path | None, what: str, parse: Any) -> Read:
     if path is None:
-        return Read(None, None, f"no {what} is given")
+        return Read(None, None, f"{what} is not read (no path is set)")
     try:
         with path.open("rb") as file:
             stale = os.fstat(file.fileno()).st_nlink == 0
