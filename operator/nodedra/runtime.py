@@ -164,7 +164,7 @@ class Runtime:
             gates=self._feature_gates,
             meaning={gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
             events=self.events,
-            registry=self.metrics.registry,
+            gauge=self.metrics.preflight,
         )
         observers = Observers(self.metrics)
         self.manager = ResourceManager(

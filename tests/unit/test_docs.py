@@ -47,6 +47,8 @@ OTHER_PROGRAMS_FLAGS = {
     "--reserved-cpus": "the kubelet",
     "--kube-reserved": "the kubelet",
     "--system-reserved": "the kubelet",
+    "--cpu-manager-policy": "the kubelet",
+    "--root-dir": "the kubelet",
     "--runtime-config": "kube-apiserver",
 }
 #: Top-level directories of the repository: a quoted path that starts with one is a path of it.

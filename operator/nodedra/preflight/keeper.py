@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Gauge
 
 from nodedra.nodeevents import NodeEvents
 
@@ -57,7 +57,7 @@ class Preflight:
         gates: Callable[[], Mapping[str, bool | None]],
         meaning: Mapping[str, str],
         events: NodeEvents | None = None,
-        registry: CollectorRegistry | None = None,
+        gauge: Gauge | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inputs = inputs
@@ -72,12 +72,8 @@ class Preflight:
         self._kubelet: list[Check] = []
         self._cluster: list[Check] = []
         self._asked: float | None = None
-        self._gauge = Gauge(
-            "nodedra_preflight_checks",
-            "1 for the status each preflight check has now (ok, unknown, warn, fail)",
-            ["check", "status"],
-            registry=registry,
-        )
+        self._gauge = gauge
+        """``nodedra_preflight_checks{check,status}``, if kept."""
 
     def results(self) -> list[Check]:
         """Every check's last verdict (none before the first :meth:`check`)."""
@@ -123,6 +119,8 @@ class Preflight:
         ]
 
     def _gauge_set(self, check: Check) -> None:
+        if self._gauge is None:
+            return
         for status in STATUSES:
             self._gauge.labels(check.name, status).set(1 if status == check.status else 0)
 

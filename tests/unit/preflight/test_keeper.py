@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from nodedra.dra import KubeAPIError
 from nodedra.nodeevents import NodeEvents
@@ -51,7 +51,9 @@ class Setup:
             gates=lambda: {"DRAConsumableCapacity": True},
             meaning={},
             events=NodeEvents(self.cluster, NODE, "static.nri.io"),
-            registry=self.registry,
+            gauge=Gauge(
+                "nodedra_preflight_checks", "status", ["check", "status"], registry=self.registry
+            ),
             clock=lambda: self.now,
         )
 
