@@ -30,7 +30,7 @@ from .gather import Inputs, NodeFacts, cluster_checks, kubelet_checks
 
 log = logging.getLogger(__name__)
 
-CLUSTER_PERIOD = 60.0
+CLUSTER_PERIOD = 300.0
 """Seconds between two rounds of the checks that ask the API server."""
 CPU_MANAGER = "kubelet-cpu-manager"
 PINNING_CHECKS = frozenset({CPU_MANAGER, "container-runtime", "other-cpu-drivers"})
