@@ -97,7 +97,7 @@ class Preflight:
         changed = [c for c in results if before.get(c.name) != c]
         for check in changed:
             self._gauge_set(check)
-        self._report([c for c in changed if _worse(c, before.get(c.name))], before)
+        self._report([c for c in changed if _news(c, before.get(c.name))], before)
         return results
 
     def holding(self) -> str | None:
@@ -147,7 +147,7 @@ class Preflight:
             ).start()
 
 
-def _worse(check: Check, before: Check | None) -> bool:
+def _news(check: Check, before: Check | None) -> bool:
     """Whether ``check`` is news: new, or another status than before (not a detail)."""
     return before is None or before.status != check.status
 
