@@ -165,6 +165,7 @@ class Runtime:
             meaning={gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
             events=self.events,
             gauge=self.metrics.preflight,
+            kubelet_asked=self._kubelet_asked,
         )
         observers = Observers(self.metrics)
         self.manager = ResourceManager(
@@ -314,6 +315,11 @@ class Runtime:
             "problems": problems,
             "preflight": {c.name: c.status for c in self.preflight.results()},
         }
+
+    def _kubelet_asked(self) -> int:
+        """Cpusets the kubelet asked for so far (its CPU manager pins), for the checks."""
+        containers = self.manager.containers
+        return 0 if containers is None else containers.cpu_manager_conflicts
 
     def _feature_gates(self) -> dict[str, bool | None]:
         """The feature gates the plugin probed so far (for the preflight checks)."""

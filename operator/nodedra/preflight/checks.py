@@ -57,12 +57,14 @@ class Check:
         return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
-def cpu_manager(state: Read, config: Read) -> Check:
+def cpu_manager(state: Read, config: Read, asked: int = 0) -> Check:
     """The kubelet's CPU manager policy: anything but none pins containers too.
 
     The state file is the policy in effect; the configuration file what was meant (flags
     may override it). A static policy gives Guaranteed pods exclusive CPUs that nodedra,
     answering the runtime last, would silently take back: a failure, and pinning is held.
+    Where neither file tells, ``asked`` (cpusets the kubelet asked for, as the runtime
+    reported) is the sign that it pins: a warning, since a count does not say when it stops.
     """
     name = "kubelet-cpu-manager"
     policy = state.get("policyName")
@@ -86,6 +88,15 @@ def cpu_manager(state: Read, config: Read) -> Check:
         )
         return Check(name, "fail", detail, CPU_MANAGER_STEPS)
     why = STALE_HINT if policy == "none" else state.why
+    if asked:
+        return Check(
+            name,
+            "warn",
+            f"the kubelet asked for a container's cpuset {asked} times since nodedra started, "
+            "which it does only with a CPU manager policy other than none (nodedra overrides "
+            f"it); the policy cannot be read: {why}",
+            CPU_MANAGER_STEPS,
+        )
     if config.data is not None:
         said = "cpuManagerPolicy: none" if configured else "no cpuManagerPolicy (default none)"
         return Check(name, "ok", f"{config.path} sets {said}; the state file: {why}")

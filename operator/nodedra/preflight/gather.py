@@ -42,12 +42,15 @@ class Inputs:
     reserved: frozenset[int]
 
 
-def kubelet_checks(inputs: Inputs) -> list[Check]:
-    """The checks of the kubelet's files, read now (cheap: run them as often as needed)."""
+def kubelet_checks(inputs: Inputs, asked: int = 0) -> list[Check]:
+    """The checks of the kubelet's files, read now (cheap: run them as often as needed).
+
+    ``asked``: cpusets the kubelet asked for since nodedra started (``nodedra run`` knows).
+    """
     state = read_state(inputs.state_file)
     config = read_config(inputs.kubelet_config)
     return [
-        checks.cpu_manager(state, config),
+        checks.cpu_manager(state, config, asked),
         checks.kubelet_managers(config),
         checks.reserved_cpus(inputs.reserved, config),
     ]

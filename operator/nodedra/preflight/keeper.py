@@ -58,6 +58,7 @@ class Preflight:
         meaning: Mapping[str, str],
         events: NodeEvents | None = None,
         gauge: Gauge | None = None,
+        kubelet_asked: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inputs = inputs
@@ -72,6 +73,7 @@ class Preflight:
         self._kubelet: list[Check] = []
         self._cluster: list[Check] = []
         self._asked: float | None = None
+        self._kubelet_asked = kubelet_asked
         self._gauge = gauge
         """``nodedra_preflight_checks{check,status}``, if kept."""
 
@@ -82,7 +84,7 @@ class Preflight:
 
     def check(self) -> list[Check]:
         """Make the checks again (those asking the API server when due); report changes."""
-        kubelet = kubelet_checks(self._inputs)
+        kubelet = kubelet_checks(self._inputs, self._kubelet_asked())
         now = self._clock()
         cluster = None
         if self._asked is None or now - self._asked >= CLUSTER_PERIOD:

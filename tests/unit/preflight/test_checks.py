@@ -54,6 +54,15 @@ def test_with_neither_file_the_cpu_manager_is_unknown_not_fine() -> None:
     assert "--kubelet-cpu-manager-state" in check.fix
 
 
+def test_without_the_files_a_kubelet_asking_for_cpusets_is_a_warning() -> None:
+    """The kubelet sets cpusets only with a CPU manager policy other than none."""
+    check = checks.cpu_manager(Read(STATE, None, "absent"), NONE, asked=3)
+    assert check.status == "warn"
+    assert "asked for a container's cpuset 3 times" in check.detail
+    assert "cpuManagerPolicy: none" in check.fix
+    assert checks.cpu_manager(state("none"), NONE, asked=3).status == "ok"
+
+
 def test_a_stale_state_file_says_to_restart_the_pod() -> None:
     """Static when the pod started: still a failure, and the way to read it again."""
     static = checks.cpu_manager(state("static", stale=True), NONE)
