@@ -6,6 +6,7 @@ nodedra reads the kubelet's state file and configuration file as its pod would (
 paths on the machine). A claim's pod then waits with the refusal in its events, and nodedra is
 not Ready with the conflict and its fix. The admin's steps (stop the kubelet, set none, remove
 the state file, start the kubelet) make nodedra Ready and the same pod run on its claim's CPUs.
+Meanwhile a Guaranteed pod keeps the CPU the kubelet's CPU manager gave it.
 """
 
 from __future__ import annotations
@@ -127,6 +128,36 @@ def test_a_static_cpu_manager_holds_pinning_until_the_node_is_moved_off_it(
     verdicts = {c["name"]: c["status"] for c in report["checks"]}
     assert (code, report["failed"], verdicts["kubelet-cpu-manager"]) == (1, True, "fail"), report
     assert verdicts["container-runtime"] == "ok", report
+
+    # A Guaranteed pod keeps the CPU the kubelet's CPU manager gives it: nodedra leaves it.
+    create_pod(
+        cp,
+        namespace,
+        workload_pod(
+            "guaranteed",
+            node_selector={"kubernetes.io/hostname": node.node_name},
+            resources={
+                "requests": {"cpu": "1", "memory": "32Mi"},
+                "limits": {"cpu": "1", "memory": "32Mi"},
+            },
+        ),
+    )
+    wait_pod_running(cp, namespace, "guaranteed", timeout=120)
+    (report, *_) = wait_reports(cp, namespace, "guaranteed")
+    assert parse_cpu_list(report["cpus_allowed_list"]) == {1}, report
+    cp.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/guaranteed?gracePeriodSeconds=0")
+    poll(
+        lambda: (
+            True
+            if not any(
+                p["metadata"]["name"] == "guaranteed"
+                for p in cp.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+            )
+            else None
+        ),
+        60,
+        lambda: "pod guaranteed gone",
+    )
 
     # A claim's pod is refused, with the conflict in its events.
     cp.request(
