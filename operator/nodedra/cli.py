@@ -143,6 +143,13 @@ def gather_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def preflight(args: argparse.Namespace) -> int:
+    """``nodedra preflight``: the checks of the node that pinning must not fight."""
+    from nodedra.preflight.command import preflight as check  # noqa: PLC0415 (heavy: the API client)
+
+    return check(args)
+
+
 def cleanup(args: argparse.Namespace) -> int:
     """``nodedra cleanup``: remove nodedra's files from this node, once nodedra is gone."""
     paths = NodePaths(
@@ -255,6 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
+    preflight_parser = commands.add_parser(
+        "preflight",
+        help="check the node before nodedra pins it: the kubelet's managers, the runtime, "
+        "other CPU drivers, feature gates",
+        description="Run the checks `nodedra run` makes at start and keeps making, print each "
+        "(ok, unknown, warn, fail) with its fix, and exit 1 if one failed. Takes the same "
+        "settings as `nodedra run`: in nodedra's pod, run it with kubectl exec.",
+    )
+    add_arguments(preflight_parser)
+    preflight_parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     commands_run = {
         "version": version,
@@ -264,5 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gather": gather_command,
         "topology": topology,
         "cleanup": cleanup,
+        "preflight": preflight,
     }
     return commands_run[args.command](args)

@@ -240,6 +240,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.preflight = Gauge(
+            "nodedra_preflight_checks",
+            "1 for the status each preflight check has now (ok, unknown, warn, fail).",
+            ["check", "status"],
+            registry=self.registry,
+        )
         self.orphans = Gauge(
             "nodedra_orphan_claims",
             "Claims held here whose ResourceClaim is gone from the API server.",

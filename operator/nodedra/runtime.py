@@ -23,11 +23,13 @@ from nodedra import httpserver, wholenuma
 from nodedra.claims import ClaimFeed, ClaimIndex, OrphanTracker, StatusWriter
 from nodedra.configwatch import ConfigWatcher
 from nodedra.dra import ClaimRef, KubeClusterAPI, Withheld, driver_name
+from nodedra.dra.probes import PUBLISHED_FIELD_GATES
 from nodedra.dra.requests import FETCH_WORKERS
 from nodedra.nodeevents import NodeEvents
 from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
+from nodedra.preflight import Inputs, Preflight
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
 from nodedra.statuscopy import StatusCopy
@@ -143,7 +145,8 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.topology = topology = read_topology(settings.sysfs)
-        policy = make_policy(topology, initial_config(settings, topology))
+        config = initial_config(settings, topology)
+        policy = make_policy(topology, config)
         self.driver = driver_name(policy.name)
         self.api_client = api_client or kube_client(settings)
         self.server_version = check_api_server(self.api_client)
@@ -151,6 +154,19 @@ class Runtime:
         self.events = NodeEvents(api, settings.node_name, self.driver)
         self.metrics = Metrics(self.usage)
         self.index = ClaimIndex(self.driver, settings.node_name)
+        self.preflight = Preflight(
+            Inputs(
+                settings.kubelet_cpu_manager_state, settings.kubelet_config, config.reserved_cpus
+            ),
+            api,
+            settings.node_name,
+            pinning=settings.pinning != "off",
+            gates=self._feature_gates,
+            meaning={gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
+            events=self.events,
+            gauge=self.metrics.preflight,
+            kubelet_asked=self._kubelet_asked,
+        )
         observers = Observers(self.metrics)
         self.manager = ResourceManager(
             policy,
@@ -167,6 +183,7 @@ class Runtime:
                 whole_devices_allowed=settings.allow_whole_numa_node_devices,
                 on_withheld=self._devices_withheld,
                 pinning=settings.pinning,
+                hold=self.preflight.holding,
                 nri=PluginOptions(
                     socket_path=settings.nri_socket,
                     index=settings.nri_index,
@@ -211,6 +228,8 @@ class Runtime:
         # served, a full collection no longer takes some 50 ms of GIL from a request.
         gc.collect()
         gc.freeze()
+        # Before the runtime connects: a conflict found holds pinning from the first event.
+        self.preflight.check()
         try:
             if self.settings.metrics_address:
                 app = httpserver.metrics_app(self.metrics.registry, self.readiness)
@@ -284,14 +303,27 @@ class Runtime:
         withheld = self.manager.plugin.withheld()  # a node offering nothing needs a person
         if withheld is not None:
             problems.append(wholenuma.problem(withheld))
-        return health.ready and runtime is not False and withheld is None, {
+        preflight = self.preflight.problems()
+        problems += preflight
+        ready = health.ready and runtime is not False and withheld is None and not preflight
+        return ready, {
             "driver": self.driver,
             "serving": health.serving,
             "registered": health.registered,
             "published": health.published,
             "runtime": runtime,
             "problems": problems,
+            "preflight": {c.name: c.status for c in self.preflight.results()},
         }
+
+    def _kubelet_asked(self) -> int:
+        """Cpusets the kubelet asked for so far (its CPU manager pins), for the checks."""
+        containers = self.manager.containers
+        return 0 if containers is None else containers.cpu_manager_conflicts
+
+    def _feature_gates(self) -> dict[str, bool | None]:
+        """The feature gates the plugin probed so far (for the preflight checks)."""
+        return dict(self.manager.plugin.feature_gates())
 
     def _devices_withheld(self, withheld: Withheld) -> None:
         """The plugin withholds devices (from its publishing thread): log it, post an Event."""
@@ -309,8 +341,9 @@ class Runtime:
         self.manager.plugin.resync()
 
     def periodic(self) -> None:
-        """The checks that run every few seconds: the configuration file, orphans."""
+        """The checks that run every few seconds: the configuration file, preflight, orphans."""
         self.config.check()
+        self.preflight.check()
         if not self.settings.watch_claims:
             return
         orphans = self.orphans.check()

@@ -18,6 +18,8 @@ from pathlib import Path
 from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
+KUBELET_STATE_FILE = "/var/lib/kubelet/cpu_manager_state"
+"""The kubelet's CPU manager state file with the default --root-dir."""
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9464"
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
 DEFAULT_STATUS_ADDRESS = "127.0.0.1:9465"
@@ -58,6 +60,8 @@ class Settings:
     nri_socket: Path = DEFAULT_SOCKET
     nri_index: str = "50"
     allow_whole_numa_node_devices: bool = False
+    kubelet_cpu_manager_state: Path | None = Path(KUBELET_STATE_FILE)
+    kubelet_config: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,18 @@ FLAGS = (
         "publish the topology-aware devices where the API server has DRAConsumableCapacity "
         "off, though a claim of one then takes its whole NUMA node (default: false, they "
         "are withheld)",
+    ),
+    _Flag(
+        "kubelet_cpu_manager_state",
+        "NODEDRA_KUBELET_CPU_MANAGER_STATE",
+        "the kubelet's CPU manager state file, read to refuse pinning where its policy is "
+        f"static ({KUBELET_STATE_FILE})",
+    ),
+    _Flag(
+        "kubelet_config",
+        "NODEDRA_KUBELET_CONFIG",
+        "the kubelet's configuration file (kubeadm: /var/lib/kubelet/config.yaml), read for "
+        "its CPU, memory and topology manager policies and reservedSystemCPUs (default: none)",
     ),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}

@@ -135,6 +135,30 @@ def test_daemonset_pod_serves_the_node(deployed: DeploymentCluster) -> None:
     published = re.search(r"^nodedra_devices_published(?:\{.*\})? (\S+)$", metrics, re.MULTILINE)
     assert published is not None, metrics
     assert float(published.group(1)) == devices
+    # The kubelet's CPU manager state file, mounted alone and read-only, is read in the pod.
+    assert re.search(
+        r'^nodedra_preflight_checks\{check="kubelet-cpu-manager",status="ok"\} 1\.0$',
+        metrics,
+        re.MULTILINE,
+    ), metrics
+    # `nodedra preflight` in the pod, as `kubectl exec` runs it: every check, none failing.
+    (status,) = pod["status"]["containerStatuses"]
+    report = json.loads(
+        deployed.node.ctr(
+            "task",
+            "exec",
+            "--exec-id",
+            "preflight",
+            status["containerID"].split("://", 1)[1],
+            "nodedra",
+            "preflight",
+            "--json",
+        )
+    )
+    verdicts = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["failed"] is False, report
+    assert verdicts["kubelet-cpu-manager"] == "ok", report
+    assert verdicts["container-runtime"] == "ok", report
     # The CPU map names pods and claims: not served to the pod network, on either port.
     with urllib.request.urlopen(f"http://{address}:9464/status", timeout=10) as resp:
         assert not resp.read().startswith(b"{"), "the metrics port serves no map"

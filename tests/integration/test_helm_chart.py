@@ -512,6 +512,33 @@ def test_whole_numa_node_devices_are_allowed_only_when_asked(
     assert ("NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES" in environment(rendered)) is allowed
 
 
+def test_the_kubelet_s_files_are_mounted_alone_where_nodedra_reads_them(tools: Tools) -> None:
+    """Each one file, read-only, never created; the state file below kubeletDir, the
+    configuration file only when given."""
+    rendered = tools.template(
+        "nodedra",
+        "--set",
+        "kubeletDir=/srv/kubelet",
+        "--set",
+        "kubelet.config=/srv/kubelet/config.yaml",
+    )
+    settings = settings_of(rendered)
+    assert settings.kubelet_cpu_manager_state == Path("/srv/kubelet/cpu_manager_state")
+    assert settings.kubelet_config == Path("/srv/kubelet/config.yaml")
+    mounts = {m["name"]: m for m in container(rendered)["volumeMounts"]}
+    (daemonset,) = [r.obj for r in rendered if r.obj["kind"] == "DaemonSet"]
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    for name, path in (
+        ("kubelet-cpu-manager-state", "/srv/kubelet/cpu_manager_state"),
+        ("kubelet-config", "/srv/kubelet/config.yaml"),
+    ):
+        assert (mounts[name]["mountPath"], mounts[name]["readOnly"]) == (path, True)
+        assert volumes[name]["hostPath"] == {"path": path, "type": "File"}
+    default = tools.template("nodedra")
+    assert "kubelet-config" not in {m["name"] for m in container(default)["volumeMounts"]}
+    assert "NODEDRA_KUBELET_CONFIG" not in environment(default)
+
+
 @pytest.mark.parametrize(
     ("value", "annotations"),
     [

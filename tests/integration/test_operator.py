@@ -166,7 +166,18 @@ def test_starts_registers_publishes_and_stops_cleanly(
     assert json.loads(body)["nodedra"]["started"] is True
     status, body = nodedra.readyz()
     assert status == 200, body
-    assert json.loads(body) == {
+    readiness = json.loads(body)
+    preflight = readiness.pop("preflight")
+    assert set(preflight) == {
+        "kubelet-cpu-manager",
+        "kubelet-memory-topology-managers",
+        "reserved-cpus",
+        "container-runtime",
+        "other-cpu-drivers",
+        "feature-gates",
+    }
+    assert "fail" not in preflight.values(), preflight
+    assert readiness == {
         "ready": True,
         "driver": TOPOLOGY_AWARE,
         "serving": True,

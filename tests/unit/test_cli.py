@@ -68,3 +68,11 @@ def test_topology_with_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_topology_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["topology", *args]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_preflight_without_a_node_name_says_which_setting_is_missing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["preflight"]) == 2
+    assert "nodedra preflight: no node name: pass --node-name" in capsys.readouterr().err

@@ -47,6 +47,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--reserved-cpus": "the kubelet",
     "--kube-reserved": "the kubelet",
     "--system-reserved": "the kubelet",
+    "--cpu-manager-policy": "the kubelet",
     "--root-dir": "the kubelet",
     "--runtime-config": "kube-apiserver",
 }

@@ -42,6 +42,8 @@ def loaded_by(module: str) -> set[str]:
             "nodedra.nodeevents",
             {"nodedra.handlers", "nodedra.runtime", "nodedra.resmgr", "nodedra.policy", "kopf"},
         ),
+        # The checks and what `nodedra run` keeps of them: below the runtime and the handlers.
+        ("nodedra.preflight", {"nodedra.handlers", "nodedra.runtime", "nodedra.resmgr", "kopf"}),
         ("nodedra.status", {"nodedra.handlers", "nodedra.runtime", "nodedra.cli", "kopf"}),
         # `nodedra cleanup` removes files: nothing of what runs the operator.
         ("nodedra.cleanup", {"nodedra.handlers", "nodedra.runtime", "kopf"}),

@@ -19,7 +19,7 @@ from nodedra.dra import driver_name
 from nodedra.nri import DEFAULT_SOCKET
 from nodedra.nri.plugin import PLUGIN_NAME
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
-from nodedra.settings import FLAGS
+from nodedra.settings import FLAGS, KUBELET_STATE_FILE
 from tests.peers.busybox import APPLETS as BUSYBOX_APPLETS
 from tests.peers.busybox import BUSYBOX_IMAGE
 from tests.peers.node import TOLERATE_MISSING_PLUGINS_ANNOTATION
@@ -64,6 +64,7 @@ EXPECTED_HOST_PATHS = {
     "/var/run/cdi",
     "/var/run/nri",
     "/var/lib/nodedra",
+    "/var/lib/kubelet/cpu_manager_state",
 }
 
 
@@ -296,6 +297,21 @@ def test_daemonset_mounts_the_host_s_cgroups_read_only_where_nodedra_status_read
     assert env["NODEDRA_CGROUP_ROOT"] == mount["mountPath"] != "/sys/fs/cgroup"
 
 
+def test_daemonset_mounts_one_file_of_the_kubelet_s_read_only_where_nodedra_reads_it() -> None:
+    """Never the kubelet's directory (the pods' secrets), never a type that creates the file
+    (a kubelet refuses to start on an empty state file)."""
+    pod = _daemonset()["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "kubelet-cpu-manager-state"]
+    assert volume["hostPath"] == {"path": KUBELET_STATE_FILE, "type": "File"}
+    (mount,) = [m for m in _container()["volumeMounts"] if m["name"] == volume["name"]]
+    assert (mount["mountPath"], mount["readOnly"]) == (KUBELET_STATE_FILE, True)
+    assert not any(
+        v["hostPath"]["path"] in ("/var/lib/kubelet", "/var/lib/kubelet/")
+        for v in pod["volumes"]
+        if "hostPath" in v
+    )
+
+
 def test_daemonset_mounts_the_nri_socket_nodedra_connects_to() -> None:
     nri = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}["nri"]
     assert Path(nri) == DEFAULT_SOCKET.parent
@@ -479,7 +495,8 @@ def test_cleanup_daemonset_cleans_where_nodedra_writes() -> None:
     (state_mount,) = [m for m in seen if state_flag.startswith(m + "/")]
     state_on_host = seen[state_mount] + state_flag.removeprefix(state_mount)
     assert state_on_host == EXPECTED_ENV["NODEDRA_STATE_DIR"]
-    written = EXPECTED_HOST_PATHS - {"/var/run/nri", state_on_host}  # the runtime's socket
+    # Not written: the runtime's socket, and the kubelet's state file (read only).
+    written = EXPECTED_HOST_PATHS - {"/var/run/nri", state_on_host, KUBELET_STATE_FILE}
     assert written <= {host for mount, host in seen.items() if mount == host}
     assert spec["automountServiceAccountToken"] is False
     assert spec["tolerations"] == _daemonset()["spec"]["template"]["spec"]["tolerations"]

@@ -114,6 +114,12 @@ class KubeClusterAPI:
         answer = self._call("GET", f"{RESOURCE_API}/resourceslices", fieldSelector=selector)
         return list(answer.get("items") or [])
 
+    def list_node_slices(self, node_name: str) -> list[JSON]:
+        """Every driver's ResourceSlices on ``node_name`` (for ``nodedra preflight``)."""
+        selector = f"spec.nodeName={node_name}"
+        answer = self._call("GET", f"{RESOURCE_API}/resourceslices", fieldSelector=selector)
+        return list(answer.get("items") or [])
+
     def create_slice(self, body: Mapping[str, Any], *, dry_run: bool = False) -> JSON:
         query = {"dryRun": "All"} if dry_run else {}
         return self._call("POST", f"{RESOURCE_API}/resourceslices", body, **query)

@@ -66,7 +66,10 @@ class ContainerPinner:
         on_changed: Callable[[], None] = lambda: None,
         lock_idle: Callable[[], bool] = lambda: False,
         refresh_wait: float = REFRESH_WAIT,
+        held: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._held = held
+        """Whether pinning is held (the kubelet's CPU manager pins): cpusets are left alone."""
         self._lock = lock
         self._lock_idle = lock_idle
         self._policy = policy
@@ -119,6 +122,9 @@ class ContainerPinner:
         (a pod that shares the claim since its prepare, created while we were away) are
         decided once whom those claims are reserved for has been read again.
         """
+        if self._held():
+            log.warning("pinning is held: the %d containers keep their cpusets", len(containers))
+            return []
         known = {pod.id: pod for pod in pods}
 
         def pod_of(container: Container) -> Pod:
@@ -151,6 +157,8 @@ class ContainerPinner:
     ) -> tuple[CPUSet | None, list[Update]]:
         """Pin the new container, and bring any other container still behind up to date."""
         self._cpu_manager_check(container.cpuset, f"container {container.name!r} of pod {pod}")
+        if self._held():  # the kubelet's CPU manager pins: nodedra must not fight it
+            return None, []
         try:
             with self._books() as books:
                 self.pinning.pods[pod.id] = pod
@@ -175,6 +183,8 @@ class ContainerPinner:
     def update_container(self, pod: Pod, container: Container, requested: CPUSet) -> list[Update]:
         """The kubelet changes a container's resources: its cpuset stays ours."""
         self._cpu_manager_check(requested, f"container {container.name!r} of pod {pod}")
+        if self._held():
+            return []
         try:
             with self._books() as books:
                 decision = self.pinning.decide(pod, container, books)

@@ -53,6 +53,9 @@ class ManagerOptions(PluginSettings):
     pinning: str = "off"
     """One of PINNING_MODES."""
     nri: PluginOptions = field(default_factory=PluginOptions)
+    hold: Callable[[], str | None] = lambda: None
+    """Why pinning must not happen now (the kubelet's CPU manager pins too), or None: then
+    claims are refused with that reason and containers keep the cpusets the kubelet gives."""
 
 
 class ResourceManager:
@@ -72,6 +75,7 @@ class ResourceManager:
         if options.pinning not in PINNING_MODES:
             raise ValueError(f"pinning mode {options.pinning!r} is not one of {PINNING_MODES}")
         self.pinning_mode = options.pinning
+        self._hold = options.hold
         # The manager is the plugin's policy too: it notes whom each claim is reserved for.
         self.plugin = Plugin(
             self.driver,
@@ -95,6 +99,7 @@ class ResourceManager:
                 on_synchronized=self.plugin.allow_claims,
                 on_changed=self._request_updates,
                 lock_idle=self._lock.idle,
+                held=lambda: self._hold() is not None,
             )
             self.nri = NRIPlugin(self.containers, options.nri)
             self._nri_role = NRIRole(self.nri, self.containers, self.plugin.plugin_data_dir)
@@ -238,7 +243,9 @@ class ResourceManager:
         """The policy's allocation, and a note of whom the claim is reserved for.
 
         With pinning required, refused while the runtime is not connected: the runtime
-        would start the claim's containers without asking us, on any CPU.
+        would start the claim's containers without asking us, on any CPU. With pinning,
+        refused while pinning is held (``ManagerOptions.hold``): the kubelet's CPU manager
+        hands out the CPUs a claim would get.
         """
         if self.pinning_mode == "required" and not self.runtime_ready():
             raise RuntimeError(
@@ -246,6 +253,9 @@ class ResourceManager:
                 f"({self.runtime_detail()}): with --pinning=required claims are refused until "
                 "it is, so that no container runs unpinned; the kubelet retries"
             )
+        held = self._hold() if self.pinning_mode != "off" else None
+        if held is not None:
+            raise RuntimeError(f"claims are refused on this node: {held}")
         edits = self._policy.allocate_claim(claim, results)
         ref = claim_ref(claim)
         self._reservations[ref.uid] = Reservation(ref.namespace, ref.name, reserved_pods(claim))

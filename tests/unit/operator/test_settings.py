@@ -68,6 +68,8 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_NRI_SOCKET": "/run/nri.sock",
         "NODEDRA_NRI_INDEX": "07",
         "NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES": "true",
+        "NODEDRA_KUBELET_CPU_MANAGER_STATE": "/kubelet/cpu_manager_state",
+        "NODEDRA_KUBELET_CONFIG": "/kubelet/config.yaml",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -81,6 +83,10 @@ def test_every_setting_has_an_environment_variable() -> None:
         "best-effort",
         Path("/run/nri.sock"),
         "07",
+    )
+    assert (settings.kubelet_cpu_manager_state, settings.kubelet_config) == (
+        Path("/kubelet/cpu_manager_state"),
+        Path("/kubelet/config.yaml"),
     )
     assert load_settings(None, to_environ(settings)) == settings
 

@@ -264,3 +264,16 @@ def test_a_container_seen_created_is_left_alone_at_its_start(node: Node) -> None
     assert cpuset == node.claimed
     assert not node.pinner.container_started(OWNER, created)
     assert node.pinner.pending_updates() == []
+
+
+def test_while_pinning_is_held_the_kubelet_s_cpusets_are_left_alone(node: Node) -> None:
+    """The kubelet's static CPU manager pins: nodedra changes no cpuset, then pins again."""
+    held = True
+    node.pinner._held = lambda: held
+    kubelet_s = plain("guaranteed", OWNER, cpus="5")
+    assert node.pinner.synchronize([OWNER], [holding("h", OWNER, cpus="1-63")]) == []
+    assert node.pinner.create_container(OWNER, kubelet_s) == (None, [])
+    assert node.pinner.update_container(OWNER, kubelet_s, CPUSet("5")) == []
+    held = False
+    cpuset, _ = node.pinner.create_container(OWNER, plain("later", OWNER, cpus="5"))
+    assert cpuset == node.shared

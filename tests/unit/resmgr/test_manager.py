@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from nodedra.dra import ClaimRef, RequestObserver, driver_name
+from nodedra.dra.claims import claim_results
 from nodedra.lib import faults
 from nodedra.policy import PolicyError, make_policy, parse_config
 from nodedra.resmgr import CheckpointError, ManagerOptions, ResourceManager, batchlock
@@ -690,3 +691,32 @@ def test_a_checkpoint_moved_aside_does_not_stop_the_catching_up(tmp_path: Path) 
     finally:
         old.manager.stop()
         new.manager.stop()
+
+
+def test_while_pinning_is_held_claims_are_refused_with_the_reason(tmp_path: Path) -> None:
+    """Held (the kubelet's CPU manager pins): the reason reaches the kubelet; then not."""
+    why: list[str | None] = ["the kubelet's CPU manager policy is static"]
+    config = parse_config({"policy": "static", "reservedCPUs": "0"})
+    manager = ResourceManager(
+        make_policy(topology(SHAPE), config),
+        FakeCluster(),
+        ManagerOptions(
+            node_name=NODE,
+            state_dir=tmp_path / "state",
+            registrar_dir=tmp_path / "registry",
+            plugin_data_dir=tmp_path / "plugin",
+            cdi_dir=tmp_path / "cdi",
+            pinning="best-effort",
+            hold=lambda: why[0],
+        ),
+        lambda reason: None,
+    )
+    driver = driver_name("static")
+    claim = make_claim("uid-1", [result("r", "cpu001", driver=driver, pool=NODE)])
+    results = claim_results(claim, driver)
+    with pytest.raises(RuntimeError, match="claims are refused on this node: the kubelet's CPU"):
+        manager.allocate_claim(claim, results)
+    assert manager.policy.claim_uids() == frozenset()
+    why[0] = None
+    manager.allocate_claim(claim, results)
+    assert manager.policy.claim_uids() == {"uid-1"}
