@@ -661,7 +661,9 @@ def test_uninstall_leaves_nothing_behind(deployed: DeploymentCluster) -> None:
     assert "nodedra cleanup: nodedra still runs on this node (" in refusal, refusal
     assert "delete its DaemonSet first" in refusal, refusal
     assert _nodedras_files(deployed) == before
-    deployed.kubectl("delete", "-k", str(CLEANUP), "--wait=true")
+    # Its pod too, not only the DaemonSet: a pod left behind would clean up on its own once
+    # nodedra is gone, before the page's commands run.
+    deployed.kubectl("delete", "-k", str(CLEANUP), "--cascade=foreground", "--wait=true")
 
     # The page's commands, as an admin copies them: step 3, then the Helm flavour of step 4.
     commands = _uninstall_commands()
