@@ -65,7 +65,7 @@ class Books:
     allocated: frozenset[int]
     isolated: frozenset[int] = frozenset()
 
-    @property
+    @cached_property
     def shared(self) -> frozenset[int]:
         """The CPUs of every container without claims: unclaimed, not isolated.
 
