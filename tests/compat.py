@@ -40,6 +40,7 @@ TESTS = (
     "tests/integration/test_operator.py",
     "tests/integration/test_node_allocatable.py",
     "tests/integration/test_whole_cores.py",
+    "tests/integration/test_wide_claims.py",
     # docs/lifecycle.md's feature gates for each release, against its API server.
     "tests/integration/test_lifecycle.py::test_the_gates_are_those_of_this_release",
 )

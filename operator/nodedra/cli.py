@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from nodedra import __version__, cgroupcheck, cpumap, endpoints, gather, served
 from nodedra.cleanup import NodePaths, command
 from nodedra.inventory import inventory, render_json, render_text
@@ -21,6 +23,7 @@ from nodedra.settings import (
     load_settings,
     to_environ,
 )
+from nodedra.spreadclaim import spread_template
 from nodedra.topology import TopologyError, read_topology
 
 
@@ -104,6 +107,17 @@ def topology(args: argparse.Namespace) -> int:
     return 0
 
 
+def claim_template(args: argparse.Namespace) -> int:
+    """``nodedra claim-template``: a claim spread evenly over NUMA nodes of one socket."""
+    try:
+        template = spread_template(args.name, args.cpus, args.numa_nodes, args.memory)
+    except ValueError as err:
+        print(f"nodedra claim-template: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump(template, sort_keys=False))
+    return 0
+
+
 def get(args: argparse.Namespace) -> int:
     """``nodedra get readyz|metrics|healthz|status``: an endpoint's answer, from inside the pod."""
     try:
@@ -161,6 +175,10 @@ def cleanup(args: argparse.Namespace) -> int:
     return command(paths, sys.stdout, sys.stderr)
 
 
+def _add_timeout(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--timeout", type=float, default=10.0, help=help_text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nodedra`` command line; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -210,9 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path("/proc"),
         help="the /proc to check containers in whose cgroup cannot be read",
     )
-    status_parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
-    )
+    _add_timeout(status_parser, "seconds to wait for the answer")
     get_parser = commands.add_parser(
         "get",
         help="print what one of nodedra's endpoints answers (in its pod: no curl there)",
@@ -222,9 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "when it is not 200 OK (e.g. /readyz while not ready), after printing it.",
     )
     get_parser.add_argument("endpoint", choices=sorted(served.ENDPOINTS))
-    get_parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the answer"
-    )
+    _add_timeout(get_parser, "seconds to wait for the answer")
     gather_parser = commands.add_parser(
         "gather",
         help="write one tar.gz with what a bug report needs (run it in nodedra's pod)",
@@ -236,9 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gather_parser.add_argument(
         "--output", type=Path, help="write the archive to this file instead of stdout"
     )
-    gather_parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for each endpoint"
-    )
+    _add_timeout(gather_parser, "seconds to wait for each endpoint")
     cleanup_parser = commands.add_parser(
         "cleanup",
         help="remove nodedra's files from this node once nodedra no longer runs on it",
@@ -260,6 +272,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             default=Path(os.environ.get(env) or default) if env else default,
             help=f"the {what} (default: {f'${env}, else ' if env else ''}{default})",
         )
+    template_parser = commands.add_parser(
+        "claim-template",
+        help="print a ResourceClaimTemplate of more CPUs than a NUMA node holds",
+        description="Write a topology-aware ResourceClaimTemplate of CPUS exclusive CPUs and "
+        "MEMORY spread evenly over NUMA_NODES NUMA nodes of one socket: one request per node, "
+        "the scheduler keeping them on distinct nodes (distinctAttribute, which needs "
+        "DRAConsumableCapacity) of one package (matchAttribute). Apply it with kubectl.",
+    )
+    template_parser.add_argument("name", help="the template's name")
+    template_parser.add_argument("--cpus", type=int, required=True, help="CPUs in all")
+    template_parser.add_argument(
+        "--numa-nodes", type=int, required=True, help="NUMA nodes to spread them over"
+    )
+    template_parser.add_argument(
+        "--memory", default="0", help="memory in all, e.g. 6Gi (default 0), spread alike"
+    )
     run_parser = commands.add_parser("run", help="run the node agent (a kopf operator)")
     add_arguments(run_parser)
     preflight_parser = commands.add_parser(
@@ -282,5 +310,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "topology": topology,
         "cleanup": cleanup,
         "preflight": preflight,
+        "claim-template": claim_template,
     }
     return commands_run[args.command](args)

@@ -13,40 +13,66 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from nodedra.resmgr import Checkpoint
-from nodedra.topology import parse_cpu_list, read_topology
+from nodedra.topology import read_topology
 from tests.conftest import NodedraFactory
 from tests.integration.test_node_allocatable import (
     claim_name,
     create,
     kubelet,  # noqa: F401 (fixture)
     published_devices,
+    start_nodedra,
 )
 from tests.peers.cluster import wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE, claim_pod, claim_template
+from tests.peers.nodedra_node import (
+    STATIC,
+    TOPOLOGY_AWARE,
+    claim_pod,
+    claim_template,
+    granted,
+    saved_grants,
+)
 from tests.peers.profile import ClusterProfile
 from tests.unit.topology.sysfs_trees import FIXTURES
 
 NPS1, NPS4 = FIXTURES / "epyc-2s-nps1", FIXTURES / "epyc-2s-nps4"
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
+UNMAPPED = {"nodeAllocatable": False}
+"""Devices mapping none of the node's allocatable: the test node has 8 CPUs, the fixtures 128."""
 
 
-def start(
-    factory: NodedraFactory,
-    cp: ControlPlane,
-    kubelet: KubeletHarness,  # noqa: F811 (fixture)
-    *,
-    sysfs: Path,
-    policy: str,
-    driver: str,
-    devices: int,
+def create_template_pod(
+    cp: ControlPlane, namespace: str, node: str, template: dict[str, Any]
 ) -> None:
-    """nodedra on ``sysfs``, CPU 0 reserved, devices mapping none of the node's allocatable
-    (the test node has 8 CPUs; the fixture 128)."""
-    factory.write_config({"policy": policy, "reservedCPUs": "0", "nodeAllocatable": False})
-    factory(kubelet, sysfs=sysfs).wait_serving(cp, kubelet, driver, devices)
+    """Create ``template`` and a pod of its name with a claim from it, fitting only ``node``."""
+    name = template["metadata"]["name"]
+    cp.request(
+        "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", template
+    )
+    create(cp, namespace, claim_pod(name, node, name))
+
+
+def prepared_grants(
+    cp: ControlPlane,
+    namespace: str,
+    kubelet: KubeletHarness,  # noqa: F811 (fixture)
+    factory: NodedraFactory,
+    *,
+    name: str,
+    template: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Run a pod with a claim from ``template`` (named ``name``), let the kubelet prepare it,
+    and return the grants nodedra saved for the claim, one a result."""
+    template["metadata"]["name"] = name
+    create_template_pod(cp, namespace, kubelet.node_name, template)
+    pod = wait_pod_scheduled(cp, namespace, name)
+    (ids,) = kubelet.prepare(namespace, name).values()
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name(pod)}"
+    uid = cp.request("GET", path)["metadata"]["uid"]
+    grants = saved_grants(factory.dirs.checkpoint)[uid]
+    assert len(ids) == len(grants), "a CDI device for each result"
+    return grants
 
 
 def prepared_cpus(
@@ -58,21 +84,8 @@ def prepared_cpus(
     name: str,
     template: dict[str, Any],
 ) -> frozenset[int]:
-    """Run a pod with a claim from ``template`` (named ``name``), let the kubelet prepare it,
-    and return the CPUs nodedra saved for the claim."""
-    template["metadata"]["name"] = name
-    cp.request(
-        "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", template
-    )
-    create(cp, namespace, claim_pod(name, kubelet.node_name, name))
-    pod = wait_pod_scheduled(cp, namespace, name)
-    (ids,) = kubelet.prepare(namespace, name).values()
-    assert ids
-    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name(pod)}"
-    uid = cp.request("GET", path)["metadata"]["uid"]
-    state = Checkpoint(factory.dirs.checkpoint).load()
-    assert state is not None
-    return frozenset().union(*(parse_cpu_list(g["cpus"]) for g in state.claims[uid]["grants"]))
+    """The CPUs of :func:`prepared_grants`."""
+    return granted(prepared_grants(cp, namespace, kubelet, factory, name=name, template=template))
 
 
 def caches(sysfs: Path, cpus: frozenset[int]) -> Counter[int | None]:
@@ -87,7 +100,7 @@ def test_static_cpus_matching_their_l3_cache_share_one(
     nodedra_factory: NodedraFactory,
 ) -> None:
     cp = workload_controllers
-    start(nodedra_factory, cp, kubelet, sysfs=NPS1, policy="static", driver=STATIC, devices=127)
+    start_nodedra(nodedra_factory, cp, kubelet, UNMAPPED | {"policy": "static"}, sysfs=NPS1)
     devices = published_devices(cp, kubelet.node_name, STATIC)
     assert {d["attributes"]["l3Cache"]["int"] for d in devices} == set(range(16))
     matching = claim_template("", STATIC, count=6)
@@ -119,15 +132,7 @@ def test_a_topology_aware_claim_of_a_cache_gets_a_whole_free_one(
     first (the tightest fit). Without consumable capacity a claim takes its whole NUMA
     node: both caches."""
     cp = workload_controllers
-    start(
-        nodedra_factory,
-        cp,
-        kubelet,
-        sysfs=NPS4,
-        policy="topology-aware",
-        driver=TOPOLOGY_AWARE,
-        devices=8,
-    )
+    start_nodedra(nodedra_factory, cp, kubelet, UNMAPPED | {"policy": "topology-aware"}, sysfs=NPS4)
 
     def on_node_1(cpu: str) -> dict[str, Any]:
         spec = claim_template("", TOPOLOGY_AWARE, {"cpu": cpu, "memory": "64Mi"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,11 +60,15 @@ def start_nodedra(
     cp: ControlPlane,
     kubelet: KubeletHarness,
     config: dict[str, Any],
+    *,
+    sysfs: Path = NODEDRA_SYSFS,
     **settings: Any,
 ) -> NodedraProcess:
+    """nodedra reading ``sysfs`` under ``config`` (CPU 0 reserved unless it says otherwise),
+    once the kubelet registered it and its slices hold every device."""
     path = factory.write_config({"reservedCPUs": "0", **config})
-    devices = len(expected_devices(NODEDRA_SYSFS, path)[config["policy"]])
-    nodedra = factory(kubelet, **settings)
+    devices = len(expected_devices(sysfs, path)[config["policy"]])
+    nodedra = factory(kubelet, sysfs=sysfs, **settings)
     nodedra.wait_serving(cp, kubelet, driver_name(config["policy"]), devices)
     return nodedra
 

@@ -29,7 +29,13 @@ from tests.peers.cgroups import cgroup_path, hierarchy_of
 from tests.peers.cluster import get_claim, pod_claim_name, poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.node import RealNode
-from tests.peers.nodedra_node import NodedraProcess, claim_template, wait_claim_status
+from tests.peers.nodedra_node import (
+    NodedraProcess,
+    claim_template,
+    granted,
+    saved_grants,
+    wait_claim_status,
+)
 from tests.peers.pods import (
     cpuset_cgroup,
     create_pod,
@@ -106,20 +112,13 @@ class Pinned:
         return get_claim(self.cp, self.namespace, name)
 
     def grants(self, uid: str) -> tuple[frozenset[int], frozenset[int]]:
-        state = Checkpoint(self.factory.dirs.checkpoint).load()
-        assert state is not None
-        grants = state.claims[uid]["grants"]
-        return (
-            frozenset().union(*(parse_cpu_list(g["cpus"]) for g in grants)),
-            frozenset().union(*(parse_cpu_list(g["mems"]) for g in grants)),
-        )
+        grants = saved_grants(self.factory.dirs.checkpoint)[uid]
+        return granted(grants), granted(grants, "mems")
 
     def claimed(self) -> frozenset[int]:
         """Every CPU the checkpoint says claims hold."""
-        state = Checkpoint(self.factory.dirs.checkpoint).load()
-        assert state is not None
-        return frozenset().union(
-            *(parse_cpu_list(g["cpus"]) for c in state.claims.values() for g in c["grants"])
+        return granted(
+            g for grants in saved_grants(self.factory.dirs.checkpoint).values() for g in grants
         )
 
     def cgroups(self, pod: str) -> tuple[dict[str, Path], dict[str, Path]]:

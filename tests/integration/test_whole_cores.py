@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from nodedra.policy import make_policy, parse_config
-from nodedra.resmgr import Checkpoint
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.conftest import NODEDRA_SYSFS, NodedraFactory
 from tests.integration.test_node_allocatable import (
@@ -34,7 +33,7 @@ from tests.integration.test_node_allocatable import (
 from tests.peers.cluster import wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE
+from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE, saved_grants
 from tests.peers.nri_protocol import ContainerSpec, PodSpec
 from tests.peers.nri_runtime import NRIFactory
 from tests.peers.peer_groups import NRI_VERSIONS
@@ -93,10 +92,8 @@ def test_a_claim_of_twenty_cores_holds_forty_cpus(
     pod = wait_pod_scheduled(cp, namespace, "big")
     (ids,) = kubelet.prepare(namespace, "big").values()
     assert len(ids) == 20
-    state = Checkpoint(nodedra_factory.dirs.checkpoint).load()
-    assert state is not None
-    ((uid, held),) = state.claims.items()
-    cpus = [parse_cpu_list(g["cpus"]) for g in held["grants"]]
+    ((uid, grants),) = saved_grants(nodedra_factory.dirs.checkpoint).items()
+    cpus = [parse_cpu_list(g["cpus"]) for g in grants]
     assert [len(c) for c in cpus] == [2] * 20, f"claim {uid}: every result a whole core"
     assert len(frozenset().union(*cpus)) == 40
 
@@ -130,10 +127,7 @@ def test_a_topology_aware_claim_of_three_cpus_gets_two_whole_cores(
         assert accounted(pod)[claim_name(pod)]["cpu"] == 4
     (ids,) = kubelet.prepare(namespace, "three").values()
     assert ids
-    state = Checkpoint(nodedra_factory.dirs.checkpoint).load()
-    assert state is not None
-    ((_, held),) = state.claims.items()
-    ((grant),) = held["grants"]
+    ((grant,),) = saved_grants(nodedra_factory.dirs.checkpoint).values()
     cpus = parse_cpu_list(grant["cpus"])
     if not cluster_profile.on(CONSUMABLE_CAPACITY):
         topology = read_topology(NODEDRA_SYSFS)

@@ -37,7 +37,7 @@ import yaml
 from nodedra import __version__
 from nodedra.inventory import inventory
 from nodedra.policy import load_config
-from nodedra.resmgr.checkpoint import FILE_NAME
+from nodedra.resmgr.checkpoint import FILE_NAME, Checkpoint
 from nodedra.settings import FLAGS
 from nodedra.topology import parse_cpu_list, read_topology
 from tests.peers.cluster import (
@@ -638,6 +638,19 @@ def claim_template(
         "metadata": {"name": name},
         "spec": {"spec": {"devices": {"requests": [{"name": "cpus", "exactly": exactly}]}}},
     }
+
+
+def saved_grants(checkpoint: Path) -> dict[str, list[dict[str, Any]]]:
+    """Claim UID -> its grants as the checkpoint at ``checkpoint`` holds them (device, cpus,
+    mems, ...): what nodedra would find on a restart."""
+    state = Checkpoint(checkpoint).load()
+    assert state is not None, f"no checkpoint at {checkpoint}"
+    return {uid: list(held["grants"]) for uid, held in state.claims.items()}
+
+
+def granted(grants: Iterable[Mapping[str, Any]], field: str = "cpus") -> frozenset[int]:
+    """The union of the grants' ``cpus`` (or ``mems``)."""
+    return frozenset().union(*(parse_cpu_list(g[field]) for g in grants))
 
 
 def claim_pod(name: str, node_name: str, template: str) -> dict[str, Any]:

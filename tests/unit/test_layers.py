@@ -52,6 +52,8 @@ def loaded_by(module: str) -> set[str]:
             "nodedra.cpumap",
             {"nodedra.resmgr", "nodedra.policy", "nodedra.dra", "nodedra.nri", "grpc", "kopf"},
         ),
+        # `nodedra claim-template` writes YAML: nothing of what runs on the node.
+        ("nodedra.spreadclaim", {"nodedra.resmgr", "nodedra.handlers", "nodedra.nri", "kopf"}),
         # `nodedra gather` loads the rest part by part, as each needs it; never the operator.
         ("nodedra.gather", {"nodedra.resmgr", "nodedra.handlers", "nodedra.runtime", "kopf"}),
     ],
