@@ -2,37 +2,60 @@
 kubelet's DRA code.
 
 nodedra (topology-aware) reads the NPS4 EPYC-like fixture: two sockets of four NUMA nodes of 16
-CPUs, CPU 0 reserved. A claim from ``nodedra claim-template`` asks one request per NUMA node,
-each of an even share, with ``distinctAttribute`` on the NUMA node and ``matchAttribute`` on
-the package: the scheduler puts the shares on different nodes of one socket, and nodedra grants
-each its node's CPUs and memory (at 1.34 only while the first node the scheduler tries has
-room: see the test). Where the API server has DRAConsumableCapacity off (to which
-``distinctAttribute`` belongs) it refuses the template: nothing silently puts two shares on one
-node.
+CPUs, CPU 0 reserved; the test node has the fixture's capacity, so the devices map the node's
+allocatable and the scheduler counts a claim's shares against it. A claim from ``nodedra
+claim-template`` asks one request per NUMA node, each of an even share, with
+``distinctAttribute`` on the NUMA node and ``matchAttribute`` on the package: the scheduler
+puts the shares on different nodes of one socket, and nodedra grants each its node's CPUs and
+memory (at 1.34 only while the first node the scheduler tries has room: see the test). Where
+the API server has DRAConsumableCapacity off (to which ``distinctAttribute`` belongs) it
+refuses the template: nothing silently puts two shares on one node.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from nodedra.spreadclaim import spread_template
 from nodedra.topology import read_topology
-from tests.conftest import NodedraFactory
-from tests.integration.test_l3_caches import NPS4, UNMAPPED, create_template_pod, prepared_grants
+from tests.conftest import KubeletFactory, NodedraFactory
+from tests.integration.test_l3_caches import NPS4, create_template_pod, prepared_grants
 from tests.integration.test_node_allocatable import (
-    kubelet,  # noqa: F401 (fixture)
+    accounted,
+    claim_name,
     start_nodedra,
+    wait_accounted,
     wait_unschedulable,
 )
+from tests.peers.cluster import create_ready_node, delete_node
 from tests.peers.controlplane import APIError, ControlPlane
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.nodedra_node import granted
 from tests.peers.profile import ClusterProfile
 
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
+NODE_ALLOCATABLE = "DRANodeAllocatableResources"
+CAPACITY = {"cpu": "128", "memory": "512Gi", "pods": "110"}
+"""The fixture machine's, so that its devices may map the node's allocatable."""
+
+
+@pytest.fixture
+def kubelet(
+    control_plane: ControlPlane, kubelet_factory: KubeletFactory
+) -> Iterator[KubeletHarness]:
+    name = f"wide-{uuid.uuid4().hex[:8]}"
+    create_ready_node(control_plane, name, CAPACITY)
+    try:
+        harness = kubelet_factory(name)
+        harness.wait_slice_wipe("")
+        yield harness
+    finally:
+        delete_node(control_plane, name)
 
 
 def spread(grants: list[dict[str, Any]]) -> tuple[Counter[int], set[int], set[int]]:
@@ -47,7 +70,7 @@ def spread(grants: list[dict[str, Any]]) -> tuple[Counter[int], set[int], set[in
 def test_a_claim_bigger_than_a_numa_node_is_spread_over_nodes_of_one_socket(
     workload_controllers: ControlPlane,
     namespace: str,
-    kubelet: KubeletHarness,  # noqa: F811 (fixture)
+    kubelet: KubeletHarness,
     nodedra_factory: NodedraFactory,
     cluster_profile: ClusterProfile,
 ) -> None:
@@ -63,7 +86,7 @@ def test_a_claim_bigger_than_a_numa_node_is_spread_over_nodes_of_one_socket(
         assert refused.value.status == 422
         assert "spec.spec.devices.constraints[0]" in str(refused.value)
         return
-    start_nodedra(nodedra_factory, cp, kubelet, UNMAPPED | {"policy": "topology-aware"}, sysfs=NPS4)
+    start_nodedra(nodedra_factory, cp, kubelet, {"policy": "topology-aware"}, sysfs=NPS4)
 
     def prepare(name: str, cpus: int, nodes: int, memory: str) -> list[dict[str, Any]]:
         template = spread_template(name, cpus, nodes, memory)
@@ -76,6 +99,9 @@ def test_a_claim_bigger_than_a_numa_node_is_spread_over_nodes_of_one_socket(
     assert sorted(per_node.values()) == [8, 8, 8]
     assert mems == set(per_node), "each share's memory on its own node"
     assert [g["memory"] for g in wide] == [2 << 30] * 3
+    if cluster_profile.on(NODE_ALLOCATABLE):  # the node's allocatable counts the whole claim
+        pod = wait_accounted(cp, namespace, "wide")
+        assert accounted(pod)[claim_name(pod)] == {"cpu": 24, "memory": 6 << 30}
 
     if cluster_profile.minor == 34:
         # 1.34's allocator adds a device to the constraints before it checks the device's
