@@ -45,6 +45,7 @@ def test_the_page_has_an_example_of_each_kind() -> None:
         "ResourceClaimTemplate",
         "ResourceClaimTemplate",
         "ResourceClaimTemplate",
+        "ResourceClaimTemplate",
         "config of static",
         "config of topology-aware",
     ]

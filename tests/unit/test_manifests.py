@@ -418,13 +418,22 @@ def test_config_map_holds_a_valid_configuration(tmp_path: Path) -> None:
 
 
 def test_device_classes_select_the_drivers() -> None:
+    """A class per driver; the topology-aware one leaves out devices of isolated CPUs only,
+    which a class of their own selects (what each selects is shown through the real
+    scheduler: tests/integration/test_isolated_cpus.py)."""
     classes = [o for o in _main_objects() if o["kind"] == "DeviceClass"]
     by_name = {c["metadata"]["name"]: c for c in classes}
-    drivers = [driver_name("topology-aware"), driver_name("static")]
-    assert sorted(by_name) == sorted(drivers)
-    for driver in drivers:
-        (selector,) = by_name[driver]["spec"]["selectors"]
-        assert selector["cel"]["expression"] == f'device.driver == "{driver}"'
+    topology_aware, static = driver_name("topology-aware"), driver_name("static")
+    isolated = "topology-aware-isolated.nri.io"
+    assert sorted(by_name) == sorted([topology_aware, static, isolated])
+    expressions = {
+        name: " ".join(selector["cel"]["expression"] for selector in c["spec"]["selectors"])
+        for name, c in by_name.items()
+    }
+    assert expressions[static] == f'device.driver == "{static}"'
+    for name in (topology_aware, isolated):
+        assert expressions[name].startswith(f'device.driver == "{topology_aware}" && ')
+    assert f'!("isolated" in device.attributes["{topology_aware}"]' in expressions[topology_aware]
 
 
 # -- samples ------------------------------------------------------------------

@@ -9,6 +9,7 @@ options:                    # per policy, see docs/configuration.md
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
   reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
     2Mi: 64Mi               #   page size: bytes (rounded up to whole pages)
+  isolatedCPUs: offered     # topology-aware: offered, preferred or reserved (isolcpus=)
 ```
 
 Parsing checks the file on its own (unknown keys, types, cpu lists); what depends on the
@@ -36,11 +37,15 @@ OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
                 "reservedMemory": "memory per NUMA node kept out of claims (a quantity, e.g. 2Gi)",
                 "reservedHugepages": "huge pages per NUMA node kept out of claims, by page size "
                 "(e.g. {2Mi: 64Mi})",
+                "isolatedCPUs": "what claims get of a NUMA node's isolated CPUs: offered (like "
+                "the others), preferred (first) or reserved (a device of their own)",
             }
         ),
         "static": MappingProxyType({}),
     }
 )
+ISOLATED_MODES = ("offered", "preferred", "reserved")
+"""The values of the topology-aware option ``isolatedCPUs``; the first is the default."""
 _TOP_LEVEL = ("policy", "reservedCPUs", "nodeAllocatable", "fullPhysicalCores", "options")
 
 
@@ -71,6 +76,11 @@ class PolicyConfig:
         """Page size -> bytes of each NUMA node's huge pages kept out of claims."""
         reserved: Mapping[int, int] = self.options.get("reservedHugepages", MappingProxyType({}))
         return reserved
+
+    @property
+    def isolated_cpus(self) -> str:
+        """What the topology-aware policy does with isolated CPUs: one of ISOLATED_MODES."""
+        return str(self.options.get("isolatedCPUs", ISOLATED_MODES[0]))
 
 
 def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
@@ -129,6 +139,13 @@ def _options(policy: str, raw: object, source: str) -> Mapping[str, Any]:
         options["reservedHugepages"] = _hugepages(
             raw["reservedHugepages"], f"{source}: options.reservedHugepages"
         )
+    if "isolatedCPUs" in raw:
+        mode = raw["isolatedCPUs"]
+        if mode not in ISOLATED_MODES:
+            raise ConfigError(
+                f"{source}: options.isolatedCPUs: {mode!r} is not one of {list(ISOLATED_MODES)}"
+            )
+        options["isolatedCPUs"] = mode
     return MappingProxyType(options)
 
 

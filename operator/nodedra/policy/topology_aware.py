@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from nodedra.lib.quantity import binary_quantity, whole_positive
 from nodedra.topology.model import NUMANode
 
-from . import allocatable, consumed, hugepages
+from . import allocatable, consumed, hugepages, isolated, page_shortfalls
 from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, Ledger, PolicyError, Shortfall
-from .picker import pick_cpus
 from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
@@ -50,9 +49,9 @@ MEMORY_STEP = 1 << 20
 """Memory is offered and consumed in whole MiB."""
 
 
-def device_name(node: int) -> str:
-    """The device of NUMA node ``node``."""
-    return f"cpudevnuma{node:03d}"
+def device_name(node: int, only_isolated: bool = False) -> str:
+    """The device of NUMA node ``node`` (of its isolated CPUs: see :mod:`.isolated`)."""
+    return f"cpudevnuma{node:03d}{isolated.SUFFIX if only_isolated else ''}"
 
 
 class Wants(NamedTuple):
@@ -74,12 +73,21 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
     name = "topology-aware"
 
     def devices(self) -> list[Device]:
-        """One device per NUMA node with grantable CPUs; memory-only nodes have none."""
+        """One device per NUMA node with grantable CPUs; memory-only nodes have none.
+
+        With ``isolatedCPUs: reserved``, a node's isolated CPUs are a second device.
+        """
         return [
-            self._device(node)
+            self._device(node, only)
             for node in sorted(self._topology.nodes.values(), key=lambda n: n.id)
-            if node.cpus & self.grantable
+            for only in self._split(node)
         ]
+
+    def _split(self, node: NUMANode) -> dict[bool, frozenset[int]]:
+        """Whether a device of ``node`` offers isolated CPUs only -> the CPUs it offers."""
+        return isolated.split(
+            node.cpus & self.grantable, self._topology.isolated, self._config.isolated_cpus
+        )
 
     def offered_memory(self, node: NUMANode) -> int:
         """Bytes of ``node``'s memory claims may get, in MiB.
@@ -111,46 +119,46 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         sizes = {len(core) for core in self.whole_cores() if core <= node.cpus}
         return sizes.pop() if len(sizes) == 1 else 1
 
-    def _device(self, node: NUMANode) -> Device:
-        cpus = node.cpus & self.grantable
+    def _memory_of(self, node: NUMANode, only_isolated: bool) -> tuple[int, dict[int, int]]:
+        """Bytes of memory and huge pages (page size -> bytes) a device of ``node`` offers.
+
+        A device of isolated CPUs offers none: the node's are offered once, by its other one.
+        """
+        if only_isolated:
+            return 0, {}
+        return self.offered_memory(node), self.offered_hugepages(node)
+
+    def _device(self, node: NUMANode, only_isolated: bool) -> Device:
+        cpus = self._split(node)[only_isolated]
         step = self._core_size(node)
-        pages = self.offered_hugepages(node)
+        memory, pages = self._memory_of(node, only_isolated)
+        capacity = {CPU_CAPACITY: _capacity_of(len(cpus), minimum=step, step=step)}
+        if not only_isolated:
+            capacity[MEMORY_CAPACITY] = _capacity_of(memory, minimum=0, step=MEMORY_STEP)
+        for size, amount in pages.items():
+            capacity[hugepages.capacity_name(size)] = _capacity_of(amount, minimum=0, step=size)
         device: Device = {
-            "name": device_name(node.id),
-            "attributes": self._attributes_of(node),
-            "capacity": {
-                CPU_CAPACITY: _capacity_of(len(cpus), minimum=step, step=step),
-                MEMORY_CAPACITY: _capacity_of(
-                    self.offered_memory(node), minimum=0, step=MEMORY_STEP
-                ),
-                **{
-                    hugepages.capacity_name(size): _capacity_of(amount, minimum=0, step=size)
-                    for size, amount in pages.items()
-                },
-            },
+            "name": device_name(node.id, only_isolated),
+            "attributes": self._attributes_of(node, only_isolated),
+            "capacity": capacity,
             "allowMultipleAllocations": True,
         }
         if self._config.node_allocatable:  # what a claim consumes is the node's cpu and memory
-            device[allocatable.FIELD] = allocatable.checked(
-                {
-                    "cpu": allocatable.from_capacity(CPU_CAPACITY),
-                    "memory": allocatable.from_capacity(MEMORY_CAPACITY),
-                    **{
-                        hugepages.resource_name(size): allocatable.from_capacity(
-                            hugepages.capacity_name(size)
-                        )
-                        for size in pages
-                    },
-                },
-                device,
-            )
+            mappings = {"cpu": allocatable.from_capacity(CPU_CAPACITY)}
+            if not only_isolated:
+                mappings["memory"] = allocatable.from_capacity(MEMORY_CAPACITY)
+            for size in pages:
+                mappings[hugepages.resource_name(size)] = allocatable.from_capacity(
+                    hugepages.capacity_name(size)
+                )
+            device[allocatable.FIELD] = allocatable.checked(mappings, device)
         return device
 
     def _attributes(self, device: str) -> Attributes:
-        return self._attributes_of(self._node(device))
+        return self._attributes_of(*self._node(device))
 
-    def _attributes_of(self, node: NUMANode) -> Attributes:
-        first = self._topology.cpus[min(node.cpus & self.grantable)]
+    def _attributes_of(self, node: NUMANode, only_isolated: bool) -> Attributes:
+        first = self._topology.cpus[min(self._split(node)[only_isolated])]
         attributes: Attributes = {
             NUMA_NODE_ATTRIBUTE: {"int": node.id},
             "package": {"int": first.package},
@@ -158,15 +166,19 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         }
         if self._config.full_physical_cores:
             attributes["fullPhysicalCores"] = {"bool": True}
+        if self._config.isolated_cpus == isolated.RESERVED:
+            attributes[isolated.ATTRIBUTE] = {"bool": only_isolated}
         return attributes
 
-    def _node(self, device: str) -> NUMANode:
+    def _node(self, device: str) -> tuple[NUMANode, bool]:
+        """The NUMA node of ``device``, and whether it offers the node's isolated CPUs only."""
         for node in self._topology.nodes.values():
-            if device_name(node.id) == device and node.cpus & self.grantable:
-                return node
+            for only in self._split(node):
+                if device_name(node.id, only) == device:
+                    return node, only
         raise PolicyError(f"unknown device {device}")
 
-    def _wants(self, result: AllocationResult, node: NUMANode) -> Wants | None:
+    def _wants(self, result: AllocationResult, node: NUMANode, only_isolated: bool) -> Wants | None:
         """What the result consumed; None when it takes the whole device.
 
         PolicyError for anything consumed that the device does not offer now.
@@ -174,8 +186,10 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         used = result.consumed_capacity
         if not used:
             return None
-        offered_pages = self.offered_hugepages(node)
-        understood = {CPU_CAPACITY, MEMORY_CAPACITY, *map(hugepages.capacity_name, offered_pages)}
+        offered_pages = self._memory_of(node, only_isolated)[1]
+        understood = {CPU_CAPACITY, *map(hugepages.capacity_name, offered_pages)}
+        if not only_isolated:
+            understood.add(MEMORY_CAPACITY)
         unknown = consumed.not_understood(used, result.driver, understood)
         if unknown:
             raise PolicyError(self._not_offered(result, node, *unknown[0]))
@@ -186,7 +200,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
             cpus = whole_positive(cpu, f"consumed {CPU_CAPACITY}")
         except ValueError as err:
             raise PolicyError(str(err)) from None
-        offered = len(node.cpus & self.grantable)
+        offered = len(self._split(node)[only_isolated])
         if cpus > offered:
             raise PolicyError(f"consumed {cpus} CPUs of {result.device}, which offers {offered}")
         raw = consumed.value(used, result.driver, MEMORY_CAPACITY)
@@ -216,28 +230,25 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         )
 
     def _grant(self, result: AllocationResult, earlier: Sequence[Grant]) -> Grant:
-        node = self._node(result.device)
-        offered = node.cpus & self.grantable
-        same_device = [g for g in earlier if g.device == result.device]
+        node, only_isolated = self._node(result.device)
+        offered = self._split(node)[only_isolated]
+        memory, pages = self._memory_of(node, only_isolated)
+        same_node = [g for g in earlier if g.mems == {node.id}]
         free = offered - self._ledger.allocated_cpus().union(*(g.cpus for g in earlier))
-        memory_free = (
-            self.offered_memory(node)
-            - self._ledger.memory_used(node.id)
-            - sum(g.memory for g in same_device)
+        memory_free = (  # none on a device of isolated CPUs, whatever the node's others hold
+            memory - self._ledger.memory_used(node.id) - sum(g.memory for g in same_node)
+            if not only_isolated
+            else 0
         )
         pages_free = {
             size: amount
             - self._ledger.hugepages_used(node.id, size)
-            - sum(n for g in same_device for s, n in g.hugepages if s == size)
-            for size, amount in self.offered_hugepages(node).items()
+            - sum(n for g in same_node for s, n in g.hugepages if s == size)
+            for size, amount in pages.items()
         }
-        wants = self._wants(result, node)
+        wants = self._wants(result, node, only_isolated)
         if wants is None:  # no consumable capacity: the claim has the whole device
-            if (
-                free != offered
-                or memory_free != self.offered_memory(node)
-                or pages_free != self.offered_hugepages(node)
-            ):
+            if free != offered or memory_free != memory or pages_free != pages:
                 raise PolicyError(
                     f"takes the whole of {result.device}, but {len(offered - free)} of its "
                     "CPUs or some of its memory or huge pages are held by other claims"
@@ -261,10 +272,13 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                     f"{amount} bytes of {hugepages.capacity_name(size)} asked for, only "
                     f"{max(pages_free[size], 0)} free on {result.device}"
                 )
-        whole_cores = self._config.full_physical_cores
         try:
-            picked: frozenset[int] | None = pick_cpus(
-                self._topology, free, wants.cpus, whole_cores=whole_cores
+            picked: frozenset[int] | None = isolated.pick(
+                self._topology,
+                free,
+                wants.cpus,
+                whole_cores=self._config.full_physical_cores,
+                mode=self._config.isolated_cpus,
             )
         except ValueError:  # only with whole cores: fewer CPUs of them than free CPUs
             picked = None
@@ -295,9 +309,13 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
         }
         return all(core <= grant.cpus for core in cores)
 
+    def _check_held(self, ledger: Ledger, config: PolicyConfig) -> None:
+        super()._check_held(ledger, config)
+        isolated.check_held(self._topology, ledger, config.isolated_cpus)
+
     def _mismatch(self, result: AllocationResult, grant: Grant) -> str | None:
-        node = self._node(result.device)
-        offered = self.offered_hugepages(node)
+        node, only_isolated = self._node(result.device)
+        offered = self._memory_of(node, only_isolated)[1]
         for size, amount in grant.hugepages:  # what changed is the device, not the claim
             if size not in offered:
                 why = hugepages.why_short(node, size, amount, self._config.node_allocatable, {})
@@ -305,68 +323,24 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
                     f"holds {binary_quantity(amount)} of {hugepages.capacity_name(size)}, "
                     f"which {result.device} no longer offers: {why}"
                 )
-        wants = self._wants(result, node)
+        wants = self._wants(result, node, only_isolated)
         held = Wants(len(grant.cpus), grant.memory, grant.hugepages)
         if wants is None or wants == held:
             return None
         return f"differs from what it was prepared with: {held}; it asks for {wants}"
 
     def shortfalls(self) -> list[Shortfall]:
-        """Claims holding huge pages their devices do not offer now, one entry per claim.
-
-        Where a pool is smaller than what claims hold of it, every claim holding pages of it
-        is named: which of them would miss pages is the kernel's business, not ours.
-        """
+        """Claims holding huge pages their devices do not offer now, one entry per claim."""
         return self._shortfalls(self._ledger, self._config)
 
     def _shortfalls(self, ledger: Ledger, config: PolicyConfig) -> list[Shortfall]:
-        found: list[Shortfall] = []
-        for node_id, sizes in sorted(ledger.hugepages_held().items()):
-            node = self._topology.nodes.get(node_id)
-            offered = self.offered_hugepages(node, config) if node is not None else {}
-            for size, holders in sorted(sizes.items()):
-                total, there = sum(holders.values()), offered.get(size, 0)
-                if total <= there:
-                    continue
-                why = (
-                    hugepages.why_short(
-                        node, size, total, config.node_allocatable, config.reserved_hugepages
-                    )
-                    if node is not None
-                    else f"NUMA node {node_id} is gone"
-                )
-                found.extend(
-                    Shortfall(
-                        uid,
-                        device_name(node_id),
-                        hugepages.capacity_name(size),
-                        amount,
-                        total,
-                        there,
-                        why,
-                    )
-                    for uid, amount in sorted(holders.items())
-                )
-        return found
+        nodes = self._topology.nodes
+        return page_shortfalls.find(ledger, nodes, self.offered_hugepages, config, device_name)
 
     def _check_offered(self, config: PolicyConfig) -> None:
-        short = {(s.device, s.capacity): s.total - s.offered for s in self.shortfalls()}
-        worse: dict[tuple[str, str], list[Shortfall]] = {}
-        for shortfall in self._shortfalls(self._ledger, config):
-            where = (shortfall.device, shortfall.capacity)
-            if shortfall.total - shortfall.offered > short.get(where, 0):
-                worse.setdefault(where, []).append(shortfall)
-        if worse:
-            raise PolicyError(
-                "would offer fewer huge pages than claims hold: "
-                + "; ".join(
-                    f"{capacity} of {device}: claims {[s.uid for s in held]} hold "
-                    f"{binary_quantity(held[0].total)}, it would offer "
-                    f"{binary_quantity(held[0].offered)} ({held[0].why})"
-                    for (device, capacity), held in sorted(worse.items())
-                )
-                + ": switch it back, or release those claims first"
-            )
+        why = page_shortfalls.worse(self.shortfalls(), self._shortfalls(self._ledger, config))
+        if why is not None:
+            raise PolicyError(why)
 
     def _check_node_config(self, config: PolicyConfig) -> None:
         if not any(n.cpus - config.reserved_cpus for n in self._topology.nodes.values()):
