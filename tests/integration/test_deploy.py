@@ -32,6 +32,7 @@ import pytest
 from nodedra import __version__, gather
 from nodedra.lib.quantity import parse_quantity
 from nodedra.topology import parse_cpu_list
+from tests.pages import DOCS, code_blocks, section
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import get_pod, poll, resource_slices
 from tests.peers.deployment import NAMESPACE, POD_SELECTOR, DeploymentCluster
@@ -710,9 +711,7 @@ def test_uninstall_leaves_nothing_behind(deployed: DeploymentCluster) -> None:
 
 def _uninstall_commands() -> list[list[str]]:
     """The commands of docs/deploying.md's "Uninstalling", in order, each split as sh does."""
-    page = (ROOT / "docs" / "deploying.md").read_text()
-    section = page.split("\n## Uninstalling\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    blocks = code_blocks(section(DOCS / "deploying.md", "Uninstalling"), "sh")
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
 
 

@@ -9,7 +9,6 @@ threads).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import yaml
 
 from nodedra.policy import make_policy, parse_config
 from nodedra.topology import read_topology
+from tests.pages import code_blocks
 from tests.peers.controlplane import ControlPlane
 from tests.reliability.helpers import ROOT, SYSFS
 
@@ -32,8 +32,7 @@ COLLECTIONS = {
 
 
 def examples(page: Path = PAGE) -> list[dict[str, Any]]:
-    blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(), re.DOTALL)
-    return [yaml.safe_load(block) for block in blocks]
+    return [yaml.safe_load(block) for block in code_blocks(page.read_text(), "yaml")]
 
 
 def test_the_page_has_an_example_of_each_kind() -> None:

@@ -22,6 +22,7 @@ from tests.integration import test_helm_chart
 from tests.integration.test_helm_chart import Object, Tools, check_accepted, objects_of
 from tests.integration.test_helm_platform_values import (
     POOLS,
+    bad_cases,
     daemonsets,
     pod_spec,
     refused,
@@ -223,9 +224,7 @@ BAD_POOLS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("values", "message"), [(v, m) for _, v, m in BAD_POOLS], ids=[i for i, _, _ in BAD_POOLS]
-)
+@pytest.mark.parametrize(("values", "message"), bad_cases(BAD_POOLS))
 def test_bad_pools_are_refused(
     tools: Tools, tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _pytest.mark.structures import ParameterSet
 
 from nodedra import __version__
 from nodedra.dra.names import driver_name
@@ -267,9 +268,12 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("values", "message"), [(v, m) for _, v, m in BAD_VALUES], ids=[i for i, _, _ in BAD_VALUES]
-)
+def bad_cases(table: Sequence[tuple[str, dict[str, Any], str]]) -> list[ParameterSet]:
+    """A table of (id, values, the message helm must give) as pytest's parameters."""
+    return [pytest.param(values, message, id=name) for name, values, message in table]
+
+
+@pytest.mark.parametrize(("values", "message"), bad_cases(BAD_VALUES))
 def test_bad_platform_values_are_refused(
     tools: Tools, tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:

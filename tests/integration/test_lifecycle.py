@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.pages import DOCS, labelled_blocks
 from tests.peers.build import PeerBinaries
 from tests.peers.profile import chosen_version, settable_gates
-from tests.unit.test_lifecycle_page import blocks
 
 #: The page's kubeadm files by the releases each is for, and the gates each release has as
 #: the page says: stage and default.
@@ -61,7 +61,7 @@ def gates_named(text: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize("label", FILES)
 def test_kubeadm_takes_the_file(label: str, node_binaries: PeerBinaries, tmp_path: Path) -> None:
-    (text,) = blocks("yaml", label)
+    (text,) = labelled_blocks(DOCS / "lifecycle.md", "yaml", label)
     done = validate(node_binaries["kubeadm"], text, tmp_path)
     assert done.returncode == 0, f"{label}: {done.stderr}"
     # The check is strict: the same file with a misspelt field is refused.
@@ -75,7 +75,7 @@ def test_kubeadm_takes_the_file(label: str, node_binaries: PeerBinaries, tmp_pat
 def test_the_gates_are_those_of_this_release(peer_binaries: PeerBinaries) -> None:
     minor = int(chosen_version().split(".")[1])
     ((label, (_, stages)),) = [(k, v) for k, v in FILES.items() if minor in v[0]]
-    (text,) = blocks("yaml", label)
+    (text,) = labelled_blocks(DOCS / "lifecycle.md", "yaml", label)
     settable = settable_gates(peer_binaries.kube_apiserver)
     for gate, on in gates_named(text).items():
         assert on, f"{label}: {gate} is turned off"

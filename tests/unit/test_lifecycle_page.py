@@ -8,7 +8,6 @@ are validated by kubeadm in tests/integration/test_lifecycle.py.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 
 from nodedra.dra.cdi import DEFAULT_CDI_DIR
 from nodedra.nri.plugin import DEFAULT_SOCKET
+from tests.pages import labelled_blocks
 from tests.peers.build import PeerBinaries
 from tests.peers.mountns import MountNamespace
 from tests.peers.runtime import NodeRuntime, RuntimeSetting
@@ -27,18 +27,11 @@ from tests.peers.runtime_crio import CRIO
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "lifecycle.md"
-_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
 
 def blocks(language: str, label: str) -> list[str]:
     """The page's code blocks in ``language`` whose first line is the comment ``# label``."""
-    found = [
-        body
-        for lang, body in _BLOCK.findall(PAGE.read_text())
-        if lang == language and body.startswith(f"# {label}\n")
-    ]
-    assert found, f"{PAGE.name} has no {language} block starting with '# {label}'"
-    return found
+    return labelled_blocks(PAGE, language, label)
 
 
 def keys(table: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

@@ -5,7 +5,6 @@ These tests read the YAML only; applying it to a real API server is the integrat
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from nodedra.nri import DEFAULT_SOCKET
 from nodedra.nri.plugin import PLUGIN_NAME
 from nodedra.policy import POLICIES, PolicyConfig, load_config, parse_config
 from nodedra.settings import FLAGS, KUBELET_STATE_FILE
+from tests.pages import code_blocks, section
 from tests.peers.busybox import APPLETS as BUSYBOX_APPLETS
 from tests.peers.busybox import BUSYBOX_IMAGE
 from tests.peers.node import TOLERATE_MISSING_PLUGINS_ANNOTATION
@@ -364,9 +364,8 @@ def _pinning_page_validators() -> list[dict[str, Any]]:
     """The configurations docs/pinning.md ("Holding containers while nodedra is down") gives
     for requiring nodedra, one per runtime (its toml blocks): containerd's default validator
     table, and CRI-O's with its keys as containerd's names them."""
-    heading = "\n## Holding containers while nodedra is down\n"
-    section = PINNING.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
-    containerd, crio = (tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", section, re.S))
+    text = section(PINNING, "Holding containers while nodedra is down")
+    containerd, crio = (tomllib.loads(b) for b in code_blocks(text, "toml"))
     crio_table = crio["crio"]["nri"]["default_validator"]
     return [
         containerd["plugins"]["io.containerd.nri.v1.nri"]["default_validator"],
