@@ -41,13 +41,11 @@ from pathlib import Path
 from tests.peers.process import PeerProcess, tail
 from tests.peers.vm_image import AGENT_PORT, QBOOT, VMImage
 
-#: The CPU the guest's kernel isolates (``isolcpus=``): the second thread of NUMA node 1's core.
-ISOLATED_CPUS = frozenset({3})
-#: The kernel command line: serial console, systemd on the unified hierarchy, huge pages (the
-#: kernel spreads them over the NUMA nodes) and an isolated CPU.
+#: The kernel command line: serial console, systemd on the unified hierarchy, and huge pages
+#: (the kernel spreads them over the NUMA nodes).
 KERNEL_CMDLINE = (
     "console=ttyS0 root=/dev/vda rw panic=-1 quiet systemd.unified_cgroup_hierarchy=1 "
-    f"hugepagesz=2M hugepages=32 isolcpus={','.join(map(str, sorted(ISOLATED_CPUS)))}"
+    "hugepagesz=2M hugepages=32"
 )
 
 #: The machine: two sockets of one core of two threads, one NUMA node a socket.

@@ -37,7 +37,6 @@ from tests.peers.pods import (
     wait_reports,
     workload_pod,
 )
-from tests.peers.vm import ISOLATED_CPUS
 from tests.peers.vm_cluster import KUBELET_PORT, NODE_NAME, VMCluster
 from tests.peers.vm_image import GUEST_ADDRESS
 
@@ -46,8 +45,6 @@ pytestmark = pytest.mark.timeout(1800)
 REQUESTS = {"cpu": "100m", "memory": "32Mi"}
 LIMITS = {"cpu": "200m", "memory": "64Mi"}
 CFS_PERIOD = 100_000
-#: The shared pool while no claim is held: every CPU but the isolated one, kept for claims.
-ALL_SHARED = format_cpu_list(frozenset(range(4)) - ISOLATED_CPUS)
 
 
 # -- the guest as a node -------------------------------------------------------------------------
@@ -151,9 +148,6 @@ def test_nodedra_publishes_both_numa_nodes_of_the_guest(deployed: VMCluster) -> 
     assert all(d["attributes"]["smtEnabled"]["bool"] for d in devices.values()), devices
     assert deployed.metric("nodedra_nri_connected") == 1
     assert deployed.metric("nodedra_devices_published") == 2
-    # The guest's kernel isolates CPU 3 (isolcpus=3): offered to claims, never shared.
-    status = deployed.nodedra_status()
-    assert (status["isolated"], status["shared"]) == (format_cpu_list(ISOLATED_CPUS), ALL_SHARED)
 
 
 def _numa1_pod() -> dict[str, Any]:
@@ -183,7 +177,7 @@ def test_a_claim_on_numa_node_1_runs_there_and_everything_else_keeps_off(
     claimed = parse_cpu_list(cpus)
     assert len(claimed) == CLAIM_CPU, cpus
     assert claimed <= {2, 3}, f"CPUs {cpus} are not NUMA node 1's"
-    shared = format_cpu_list(frozenset(range(4)) - claimed - ISOLATED_CPUS)
+    shared = format_cpu_list(frozenset(range(4)) - claimed)
     assert deployed.allowed(pod, "sidecar") == (shared, "0-1")
     deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", (shared, "0-1"))
     (nodedra,) = deployed.nodedra_pods()
@@ -223,10 +217,10 @@ def test_a_claim_on_numa_node_1_runs_there_and_everything_else_keeps_off(
 def test_deleting_the_claim_s_pod_gives_its_cpus_back(deployed: VMCluster) -> None:
     cp = deployed.cp
     cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/numa1")
-    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", (ALL_SHARED, "0-1"))
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-3", "0-1"))
     # The shared pool's containers are widened one after the other: nodedra's may come last.
     (nodedra,) = deployed.nodedra_pods()
-    deployed.wait_allowed(NAMESPACE, nodedra["metadata"]["name"], "nodedra", (ALL_SHARED, "0-1"))
+    deployed.wait_allowed(NAMESPACE, nodedra["metadata"]["name"], "nodedra", ("0-3", "0-1"))
     assert deployed.metric("nodedra_claims_held") == 0
     for numa_node in ("0", "1"):
         assert deployed.metric("nodedra_cpus_allocated", {"numa_node": numa_node}) == 0
@@ -303,7 +297,7 @@ def test_with_whole_cores_a_claim_of_one_cpu_gets_both_threads_of_a_core_alone(
     assert device["attributes"]["cpus"] == {"string": report["cpus_allowed_list"]}, report
 
     cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/core")
-    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", (ALL_SHARED, "0-1"))
+    deployed.wait_allowed(TEST_NAMESPACE, "probe", "workload", ("0-3", "0-1"))
     cp.request("DELETE", f"{CLAIMS}/core")
     poll(
         lambda: True if deployed.metric("nodedra_claims_held") == 0 else None,

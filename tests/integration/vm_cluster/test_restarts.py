@@ -25,7 +25,6 @@ from tests.integration.vm_cluster import CLAIMS, TEST_NAMESPACE, claim_pod, numa
 from tests.peers.cluster import get_pod, poll
 from tests.peers.deployment import NAMESPACE, ToolError, rollout_status
 from tests.peers.pods import container_id, create_pod, wait_pod_running
-from tests.peers.vm import ISOLATED_CPUS
 from tests.peers.vm_cluster import VMCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -58,12 +57,12 @@ def keeper(deployed: VMCluster) -> Placement:
 
 def assert_in_place(cluster: VMCluster, pinned: dict[str, Placement]) -> None:
     """Each pod of ``pinned`` on its claim's CPUs and memory nodes, nodedra on the rest of
-    the machine but the isolated CPU."""
+    the machine."""
     claimed: set[int] = set()
     for name, placement in pinned.items():
         cluster.wait_allowed(TEST_NAMESPACE, name, "workload", placement)
         claimed |= parse_cpu_list(placement[0])
-    shared = (format_cpu_list(frozenset(range(4)) - claimed - ISOLATED_CPUS), "0-1")
+    shared = (format_cpu_list(frozenset(range(4)) - claimed), "0-1")
     (nodedra,) = cluster.nodedra_pods()
     cluster.wait_allowed(NAMESPACE, nodedra["metadata"]["name"], "nodedra", shared)
 
