@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,16 +118,19 @@ class VMNode:
         guest_forwards: Mapping[int, int] | None = None,
         host_forwards: Mapping[tuple[str, int], int] | None = None,
         persistent: bool = False,
+        kernel_args: Sequence[str] = (),
     ) -> None:
         """``guest_forwards``: guest port -> port on the namespace's 127.0.0.1: the guest
         reaches it at HOST_ALIAS:<guest port>, each connection relayed by tests.peers.vm_relay
         (and nothing else). ``host_forwards``: (address, port) of the namespace -> the guest's
         port (``hostfwd``: how the tests and the API server reach the kubelet's port).
-        ``persistent``: the disk is an overlay of the image that outlives QEMU."""
+        ``persistent``: the disk is an overlay of the image that outlives QEMU.
+        ``kernel_args``: appended to KERNEL_CMDLINE (``isolcpus=3``)."""
         self.image = image
         self.guest_forwards = dict(guest_forwards or {})
         self.host_forwards = dict(host_forwards or {})
         self.persistent = persistent
+        self.kernel_cmdline = " ".join((KERNEL_CMDLINE, *kernel_args))
         self.overlay = workdir / "disk.qcow2"
         self.workdir = workdir
         self.console_path = workdir / "console.log"
@@ -163,7 +166,7 @@ class VMNode:
             "-bios", str(QBOOT),
             "-kernel", str(self.image.kernel),
             "-initrd", str(self.image.initramfs),
-            "-append", KERNEL_CMDLINE,
+            "-append", self.kernel_cmdline,
             *self._root_disk_args(),
             "-nic", self._nic(),
             "-device", "virtio-serial-pci,id=vser0",
