@@ -41,6 +41,8 @@ TESTS = (
     "tests/integration/test_node_allocatable.py",
     "tests/integration/test_whole_cores.py",
     "tests/integration/test_wide_claims.py",
+    # The NUMA attribute beside another driver's device: the scalar, and the list's fallback.
+    "tests/integration/test_numa_attribute.py",
     # docs/lifecycle.md's feature gates for each release, against its API server.
     "tests/integration/test_lifecycle.py::test_the_gates_are_those_of_this_release",
 )

@@ -63,7 +63,7 @@ from tests.peers.cache import PeerBuildError, cache_root
 from tests.peers.cluster import create_ready_node, delete_node, ensure_test_namespace
 from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.dockerfile_image import build_dockerfile_image
-from tests.peers.go_driver import GoDriver
+from tests.peers.go_driver import GoDriver, NUMAPlacement
 from tests.peers.image import build_nodedra_image
 from tests.peers.image_build import ImageBuildError, NodedraImage
 from tests.peers.kubelet import KubeletHarness
@@ -509,11 +509,14 @@ class GoDriverFactory:
         devices: int = 4,
         services: tuple[str, ...] = ("v1", "v1beta1"),
         cdi_dir: Path | None = None,
+        *,
+        numa: NUMAPlacement | None = None,
     ) -> GoDriver:
         """Start a driver on the kubelet's node, registering in its registry
         dir. Each call gets a unique driver name unless one is given, so
         devices of different tests never mix. Its CDI specs go to ``cdi_dir``
-        (a real node's, for containers to get them) or a directory of its own."""
+        (a real node's, for containers to get them) or a directory of its own; ``numa``
+        places its devices in NUMA nodes."""
         driver = GoDriver(
             self._binaries.go_driver,
             self._cp.admin_kubeconfig,
@@ -524,6 +527,7 @@ class GoDriverFactory:
             devices=devices,
             services=services,
             cdi_dir=cdi_dir,
+            numa=numa,
         )
         self.started.append(driver)
         driver.start()

@@ -17,7 +17,8 @@ from nodedra.topology import Topology, format_cpu_list
 def inventory(topology: Topology, config: PolicyConfig) -> dict[str, Any]:
     """The topology's JSON plus, per policy, the devices it would publish under ``config``.
 
-    ``config``'s reserved CPUs and node-allocatable switch apply to every policy; its
+    ``config``'s reserved CPUs, node-allocatable switch and NUMA attribute apply to every
+    policy; its
     options and whole cores only to its own policy.
     """
     devices = {}
@@ -29,6 +30,7 @@ def inventory(topology: Topology, config: PolicyConfig) -> dict[str, Any]:
             config.options if own else {},
             config.node_allocatable,
             config.full_physical_cores and own,
+            config.numa_attribute,
         )
         policy = make_policy(topology, each)
         devices[name] = policy.devices()

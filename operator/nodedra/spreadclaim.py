@@ -3,11 +3,12 @@
 The topology-aware policy offers one device per NUMA node, so one request gets the CPUs of
 one node. A workload bigger than a node (24 CPUs on a machine of 8 to 16 a node: Intel
 SNC, AMD NPS4) asks for several requests instead, each of one node's share, and two
-constraints the scheduler checks: ``distinctAttribute`` on the NUMA node, so no two
-requests land on the same node, and ``matchAttribute`` on the package, so all of them are
-on one socket. It is what the kubelet's ``distribute-cpus-across-numa`` does, decided by the
-scheduler: each request brings its node's memory, and each container of the claim gets the
-CPUs and memory nodes of all of them.
+constraints the scheduler checks: ``distinctAttribute`` on the NUMA node (nodedra's own
+scalar ``numaNode``: two nodes of a socket share elements of the standard attribute's list
+form), so no two requests land on the same node, and ``matchAttribute`` on the package, so
+all of them are on one socket. It is what the kubelet's ``distribute-cpus-across-numa``
+does, decided by the scheduler: each request brings its node's memory, and each container
+of the claim gets the CPUs and memory nodes of all of them.
 
 Writing those requests by hand is where mistakes happen (a share that does not add up, a
 constraint naming one request too few), so ``nodedra claim-template`` writes them.
@@ -22,7 +23,7 @@ from typing import Any
 
 from nodedra.dra.names import driver_name
 from nodedra.lib.quantity import parse_quantity
-from nodedra.policy.protocol import NUMA_NODE_ATTRIBUTE
+from nodedra.policy.numa_attribute import OWN_ATTRIBUTE
 from nodedra.policy.topology_aware import CPU_CAPACITY, MEMORY_CAPACITY, MEMORY_STEP
 
 PACKAGE_ATTRIBUTE = "package"
@@ -79,7 +80,7 @@ def spread_template(
     devices: dict[str, Any] = {"requests": requests}
     if numa_nodes > 1:
         devices["constraints"] = [
-            {"requests": list(names), "distinctAttribute": NUMA_NODE_ATTRIBUTE},
+            {"requests": list(names), "distinctAttribute": f"{driver}/{OWN_ATTRIBUTE}"},
             {"requests": list(names), "matchAttribute": f"{driver}/{PACKAGE_ATTRIBUTE}"},
         ]
     return {

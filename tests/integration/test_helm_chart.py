@@ -25,6 +25,7 @@ import yaml
 from nodedra import __version__
 from nodedra.nri import PINNING_MODES
 from nodedra.policy import POLICIES, PolicyConfig, load_config
+from nodedra.policy.config import NUMAAttribute
 from nodedra.settings import Settings, load_settings, split_address
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
@@ -450,6 +451,16 @@ def test_whole_cores_reach_the_config(tools: Tools, tmp_path: Path) -> None:
     rendered = tools.template("nodedra", "--set", "policy=static,fullPhysicalCores=true")
     config = config_of(rendered, tmp_path)
     assert (config.policy, config.full_physical_cores) == ("static", True)
+
+
+def test_the_numa_node_attribute_reaches_the_config(tools: Tools, tmp_path: Path) -> None:
+    rendered = tools.template(
+        "nodedra",
+        "--set-json",
+        'numaNodeAttribute={"form":"list","aliases":["dra.net/numaNode"]}',
+    )
+    config = config_of(rendered, tmp_path)
+    assert config.numa_attribute == NUMAAttribute("list", ("dra.net/numaNode",))
 
 
 def test_options_node_allocatable_and_the_rest(tools: Tools, tmp_path: Path) -> None:

@@ -7,12 +7,24 @@ control plane without nodedra, and benchmarks compare nodedra against it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from tests.peers.process import PeerProcess
 
 DEFAULT_DRIVER_NAME = "go.nodedra.test"
+
+
+@dataclass(frozen=True)
+class NUMAPlacement:
+    """Where the driver's devices lie: device i in NUMA node ``nodes[i % len(nodes)]`` of the
+    machine of ``sysfs``, its ``resource.kubernetes.io/numaNode`` in ``form`` (scalar, list)
+    as the official helper makes it."""
+
+    nodes: tuple[int, ...]
+    sysfs: Path
+    form: str = "scalar"
 
 
 class GoDriver:
@@ -36,6 +48,7 @@ class GoDriver:
         cdi_dir: Path | None = None,
         services: tuple[str, ...] = ("v1", "v1beta1"),
         verbosity: int = 4,
+        numa: NUMAPlacement | None = None,
     ) -> None:
         self.binary = binary
         self.kubeconfig = kubeconfig
@@ -50,6 +63,7 @@ class GoDriver:
         #: DRA node service versions the driver serves and advertises.
         self.services = services
         self.verbosity = verbosity
+        self.numa = numa
         self._process: PeerProcess | None = None
 
     @property
@@ -90,6 +104,12 @@ class GoDriver:
             f"--node-v1beta1={'true' if 'v1beta1' in self.services else 'false'}",
             f"--v={self.verbosity}",
         ]
+        if self.numa is not None:
+            argv += [
+                f"--numa-nodes={','.join(map(str, self.numa.nodes))}",
+                f"--numa-form={self.numa.form}",
+                f"--sysfs={self.numa.sysfs}",
+            ]
         self._process = PeerProcess("go-driver", argv, self.log_path)
 
     def stop(self) -> None:

@@ -47,7 +47,7 @@ def test_a_template_asks_one_share_per_node_on_distinct_nodes_of_one_package() -
     assert 3 * 10**9 <= memory < 3 * 10**9 + 3 * (1 << 20), "3G, rounded up to whole MiB"
     assert all(parse_quantity(c["memory"]) % (1 << 20) == 0 for c in asked)
     assert devices["constraints"] == [
-        {"requests": names, "distinctAttribute": "resource.kubernetes.io/numaNode"},
+        {"requests": names, "distinctAttribute": "topology-aware.nri.io/numaNode"},
         {"requests": names, "matchAttribute": "topology-aware.nri.io/package"},
     ]
 

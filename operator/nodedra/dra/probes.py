@@ -1,11 +1,11 @@
 """What the API server keeps of a device: asked once per feature gate, by a dry run.
 
-Some device fields sit behind feature gates (list-valued attributes; the node-allocatable
-mappings of KEP-5517), and a gate cannot be seen through discovery. An API server with the
-gate off drops the field it does not know, which either leaves the slice invalid or
-publishes less than was meant, and a publisher comparing what it wrote with what is stored
-would rewrite the slice forever. A field may also need the node's own support: the API
-server refuses node-allocatable mappings for a node whose kubelet does not declare the
+Some device fields sit behind feature gates (list-valued attributes, KEP-5491; the
+node-allocatable mappings of KEP-5517), and a gate cannot be seen through discovery. An API
+server with the gate off drops the field it does not know, which either leaves the slice
+invalid or publishes less than was meant, and a publisher comparing what it wrote with what
+is stored would rewrite the slice forever. A field may also need the node's own support: the
+API server refuses node-allocatable mappings for a node whose kubelet does not declare the
 feature in ``status.declaredFeatures`` (a kubelet older than 1.36, or with the gate off),
 since that kubelet would not give the pods the mapped CPUs and memory.
 
@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodedra.lib.attributes import first_values, has_lists
 from nodedra.lib.quantity import parse_quantity
 
 from .kube import RESOURCE_API_VERSION, ClusterAPI, KubeAPIError
@@ -84,12 +85,22 @@ PROBE_ATTRIBUTE = "listprobe"
 PROBE_VALUE = [0, 1]
 NODE_ALLOCATABLE_FIELD = "nodeAllocatableResources"
 
+
+def _without_lists(device: Device) -> Device:
+    return {**device, "attributes": first_values(device.get("attributes") or {})}
+
+
 LIST_TYPE_ATTRIBUTES = Gate(
     "DRAListTypeAttributes",
     {"name": "probe", "attributes": {PROBE_ATTRIBUTE: {"ints": PROBE_VALUE}}},
     lambda device: (
         (device.get("attributes") or {}).get(PROBE_ATTRIBUTE, {}).get("ints") == PROBE_VALUE
     ),
+    uses=lambda device: has_lists(device.get("attributes") or {}),
+    without=_without_lists,
+    missing="resource.kubernetes.io/numaNode is published as the device's NUMA node alone, "
+    "not the list of numaNodeAttribute.form (turn the gate on in the API server and the "
+    "scheduler, then restart nodedra)",
 )
 NODE_ALLOCATABLE_FIELD_1_36 = "nodeAllocatableResourceMappings"
 
@@ -227,7 +238,7 @@ CONSUMABLE_CAPACITY = Gate(
     "without allowMultipleAllocations and request policies (turn the gate on in the API "
     "server, the scheduler and the kubelet, then restart nodedra)",
 )
-PUBLISHED_FIELD_GATES = (CONSUMABLE_CAPACITY, NODE_ALLOCATABLE_RESOURCES)
+PUBLISHED_FIELD_GATES = (CONSUMABLE_CAPACITY, NODE_ALLOCATABLE_RESOURCES, LIST_TYPE_ATTRIBUTES)
 """The gates whose fields devices are published with only while the gate is on."""
 
 

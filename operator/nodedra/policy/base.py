@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodedra.lib.attributes import first_values
 from nodedra.topology.cpulist import format_cpu_list
 from nodedra.topology.model import Topology
 
@@ -181,12 +182,14 @@ class ExclusiveCPUPolicy(ABC):
         ``cpus`` and ``memoryNodes`` (CPU lists, as in ``Cpus_allowed_list``), ``memory``
         (bytes) where the policy accounts memory, and ``hugepages_2Mi`` (bytes) and the like
         for huge pages granted: what a program reads to learn its CPUs, where it would
-        otherwise parse the names of environment variables.
+        otherwise parse the names of environment variables. A list-valued attribute gives
+        its first value (the device's own NUMA node, of the list form), which every reader
+        of the files takes.
         """
         described = []
         for grant in self._ledger.grants(uid):
             attributes: Attributes = {
-                **self._attributes(grant.device),
+                **first_values(self._attributes(grant.device)),
                 "cpus": {"string": format_cpu_list(grant.cpus)},
                 "memoryNodes": {"string": format_cpu_list(grant.mems)},
             }

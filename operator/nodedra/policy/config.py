@@ -5,6 +5,9 @@ policy: topology-aware      # or: static
 reservedCPUs: "0-1"         # never offered to claims (the system's and the kubelet's)
 nodeAllocatable: true       # devices map the node's cpu and memory (KEP-5517)
 fullPhysicalCores: false    # claims get whole physical cores only
+numaNodeAttribute:          # resource.kubernetes.io/numaNode, for constraints with other
+  form: scalar              #   drivers' devices: scalar, or list (DRAListTypeAttributes)
+  aliases: []               #   the scalar under other names too (dra.net/numaNode)
 options:                    # per policy, see docs/configuration.md
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
   reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
@@ -18,6 +21,7 @@ node (reserving every CPU, say) is checked when a policy takes the configuration
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +50,37 @@ OPTIONS: Mapping[str, Mapping[str, str]] = MappingProxyType(
 )
 ISOLATED_MODES = ("offered", "preferred", "reserved")
 """The values of the topology-aware option ``isolatedCPUs``; the first is the default."""
-_TOP_LEVEL = ("policy", "reservedCPUs", "nodeAllocatable", "fullPhysicalCores", "options")
+_TOP_LEVEL = (
+    "policy",
+    "reservedCPUs",
+    "nodeAllocatable",
+    "fullPhysicalCores",
+    "numaNodeAttribute",
+    "options",
+)
+NUMA_FORMS = ("scalar", "list")
+"""The forms of ``numaNodeAttribute``; the first is the default."""
+MAX_NUMA_ALIASES = 4
+"""A device has room for 32 attributes; aliases are a few names of other drivers."""
+_QUALIFIED_NAME = re.compile(
+    r"(?=[^/]{1,63}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z_][A-Za-z0-9_]{0,31}"
+)
+"""A fully qualified attribute name: a DNS subdomain, a slash and a C identifier."""
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class NUMAAttribute:
+    """How devices name their NUMA node (``nodedra.policy.numa_attribute``)."""
+
+    form: str = NUMA_FORMS[0]
+    """``scalar`` or ``list`` (the node, then the nearest of its socket)."""
+    aliases: tuple[str, ...] = ()
+    """Other attribute names that carry the scalar."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,7 @@ class PolicyConfig:
     full_physical_cores: bool = False
     """Whether claims get whole physical cores only, and no thread of a claimed core goes to
     anyone else (the kubelet's ``full-pcpus-only``)."""
+    numa_attribute: NUMAAttribute = NUMAAttribute()
 
     @property
     def reserved_memory(self) -> int:
@@ -116,7 +147,34 @@ def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
         _options(policy, data.get("options"), source),
         node_allocatable,
         full_cores,
+        _numa_attribute(data.get("numaNodeAttribute"), f"{source}: numaNodeAttribute"),
     )
+
+
+def _numa_attribute(raw: object, where: str) -> NUMAAttribute:
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping with form and aliases")
+    unknown = sorted(set(raw) - {"form", "aliases"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; known: ['aliases', 'form']")
+    form = raw.get("form", NUMA_FORMS[0])
+    if form not in NUMA_FORMS:
+        raise ConfigError(f"{where}.form: {form!r} is not one of {list(NUMA_FORMS)}")
+    aliases = raw.get("aliases") or []
+    if not isinstance(aliases, list) or len(aliases) > MAX_NUMA_ALIASES:
+        raise ConfigError(f"{where}.aliases: must be a list of at most {MAX_NUMA_ALIASES} names")
+    for alias in aliases:
+        if not isinstance(alias, str) or not _QUALIFIED_NAME.fullmatch(alias):
+            raise ConfigError(
+                f"{where}.aliases: {alias!r} is not a qualified attribute name such as "
+                "dra.net/numaNode (a domain, a slash, a name of at most 32 characters)"
+            )
+        if alias.startswith("resource.kubernetes.io/"):
+            raise ConfigError(f"{where}.aliases: {alias!r} is a standard attribute's name")
+    if len(set(aliases)) != len(aliases):
+        raise ConfigError(f"{where}.aliases: {aliases} names one attribute twice")
+    return NUMAAttribute(form, tuple(aliases))
 
 
 def _options(policy: str, raw: object, source: str) -> Mapping[str, Any]:

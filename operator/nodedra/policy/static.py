@@ -22,7 +22,8 @@ from . import allocatable, consumed
 from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, PolicyError
-from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
+from .numa_attribute import numa_attributes
+from .protocol import Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -71,7 +72,7 @@ class StaticPolicy(ExclusiveCPUPolicy):
     def _attributes_of(self, cpus: frozenset[int]) -> Attributes:
         first = self._topology.cpus[min(cpus)]
         attributes: Attributes = {
-            NUMA_NODE_ATTRIBUTE: {"int": first.node},
+            **numa_attributes(self._topology, first.node, self._config.numa_attribute),
             "package": {"int": first.package},
             "die": {"int": first.die},
             "core": {"int": first.core},

@@ -38,7 +38,8 @@ from . import allocatable, consumed, hugepages, isolated, page_shortfalls
 from .base import ExclusiveCPUPolicy
 from .config import PolicyConfig
 from .ledger import Grant, Ledger, PolicyError, Shortfall
-from .protocol import NUMA_NODE_ATTRIBUTE, Attributes, Device
+from .numa_attribute import numa_attributes
+from .protocol import Attributes, Device
 
 if TYPE_CHECKING:  # the policy needs the plugin's types, not the plugin (nor gRPC)
     from nodedra.dra.claims import AllocationResult
@@ -160,7 +161,7 @@ class TopologyAwarePolicy(ExclusiveCPUPolicy):
     def _attributes_of(self, node: NUMANode, only_isolated: bool) -> Attributes:
         first = self._topology.cpus[min(self._split(node)[only_isolated])]
         attributes: Attributes = {
-            NUMA_NODE_ATTRIBUTE: {"int": node.id},
+            **numa_attributes(self._topology, node.id, self._config.numa_attribute),
             "package": {"int": first.package},
             "smtEnabled": {"bool": self._topology.smt_enabled},
         }

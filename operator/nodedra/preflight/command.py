@@ -13,7 +13,7 @@ import json
 import sys
 
 from nodedra.dra import KubeAPIError, KubeClusterAPI, driver_name
-from nodedra.dra.probes import LIST_TYPE_ATTRIBUTES, PUBLISHED_FIELD_GATES, GateProbe
+from nodedra.dra.probes import PUBLISHED_FIELD_GATES, GateProbe
 from nodedra.policy import ConfigError
 from nodedra.runtime import initial_config, kube_client
 from nodedra.settings import SettingsError, load_settings
@@ -44,7 +44,7 @@ def preflight(args: argparse.Namespace) -> int:
 
         def gates() -> dict[str, bool | None]:
             known: dict[str, bool | None] = {}
-            for gate in (*PUBLISHED_FIELD_GATES, LIST_TYPE_ATTRIBUTES):
+            for gate in PUBLISHED_FIELD_GATES:
                 try:
                     known[gate.name] = probe.on(gate)
                 except KubeAPIError:

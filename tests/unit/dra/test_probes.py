@@ -1,11 +1,16 @@
-"""The node-allocatable mappings as Kubernetes 1.36 spells them (KEP-5517's first alpha)."""
+"""What the API server keeps of a device: the node-allocatable mappings as Kubernetes 1.36
+spells them (KEP-5517's first alpha), list-valued attributes where the gate is off."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from nodedra.dra.probes import NODE_ALLOCATABLE_RESOURCES
+from nodedra.dra.probes import (
+    LIST_TYPE_ATTRIBUTES,
+    NODE_ALLOCATABLE_RESOURCES,
+    PUBLISHED_FIELD_GATES,
+)
 from nodedra.policy import allocatable
 
 NUMA_NODE = {
@@ -65,3 +70,27 @@ def test_overheads_have_no_1_36_spelling() -> None:
 def test_only_1_36_spells_it_otherwise() -> None:
     assert NODE_ALLOCATABLE_RESOURCES.spelling_at(37) is None
     assert NODE_ALLOCATABLE_RESOURCES.spelling_at(36) is not None
+
+
+def test_without_list_attributes_a_device_publishes_each_list_s_first_value() -> None:
+    """What a device of the list form becomes where the API server has the gate off."""
+    device = {
+        "name": "cpudevnuma001",
+        "attributes": {
+            "resource.kubernetes.io/numaNode": {"ints": [1, 0]},
+            "numaNode": {"int": 1},
+        },
+        "capacity": {"cpu": {"value": "14"}},
+    }
+    assert LIST_TYPE_ATTRIBUTES in PUBLISHED_FIELD_GATES
+    assert LIST_TYPE_ATTRIBUTES.uses(device)
+    assert LIST_TYPE_ATTRIBUTES.without(device) == {
+        "name": "cpudevnuma001",
+        "attributes": {
+            "resource.kubernetes.io/numaNode": {"int": 1},
+            "numaNode": {"int": 1},
+        },
+        "capacity": {"cpu": {"value": "14"}},
+    }
+    scalar = LIST_TYPE_ATTRIBUTES.without(device)
+    assert not LIST_TYPE_ATTRIBUTES.uses(scalar)

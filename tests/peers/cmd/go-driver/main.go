@@ -5,7 +5,8 @@
 // control plane work without depending on nodedra (which is written in
 // parallel), and it is the reference peer that nodedra's behaviour and
 // performance can be compared against. With the arguments "decode-metadata FILE"
-// it reads a device metadata file as the official reader does (metadata.go). It publishes one ResourceSlice with a
+// it reads a device metadata file as the official reader does (metadata.go); with
+// "numa-attribute SYSFS FORM NODE..." it prints the official NUMA attribute (numa.go). It publishes one ResourceSlice with a
 // few devices for its node, and prepares a claim by writing one transient CDI
 // spec per claim, named the way the CDI library names transient specs
 // (<driver>-device_<claim uid>.yaml), with one CDI device per allocation
@@ -31,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	metadatav1alpha1 "k8s.io/dynamic-resource-allocation/api/metadata/v1alpha1"
 	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -55,11 +57,23 @@ type config struct {
 	kubeAPIBurst    int
 	stateDir        string
 	deviceMetadata  bool
+	// Accelerator devices: device i lies in NUMA node numaNodes[i % len], its
+	// resource.kubernetes.io/numaNode made by the official helper from sysfs.
+	numaNodes string
+	numaForm  string
+	sysfs     string
 }
 
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == "decode-metadata" {
 		if err := decodeMetadata(os.Args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "go-driver: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) >= 4 && os.Args[1] == "numa-attribute" {
+		if err := printNUMAAttributes(os.Args[2], os.Args[3], os.Args[4:]); err != nil {
 			fmt.Fprintf(os.Stderr, "go-driver: %v\n", err)
 			os.Exit(1)
 		}
@@ -81,6 +95,9 @@ func main() {
 	flag.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 0, "client-side burst of the API client (0: client-go's default of 10)")
 	flag.StringVar(&cfg.stateDir, "state-dir", "", "keep a durable record of each prepared claim here, as drivers with a checkpoint do (empty: none)")
 	flag.BoolVar(&cfg.deviceMetadata, "device-metadata", false, "write device metadata (KEP-5304) for each prepared claim's requests, through the helper, as nodedra always does")
+	flag.StringVar(&cfg.numaNodes, "numa-nodes", "", "comma-separated NUMA nodes of the devices, in turn (empty: devices without NUMA attribute)")
+	flag.StringVar(&cfg.numaForm, "numa-form", "scalar", "form of resource.kubernetes.io/numaNode: scalar or list")
+	flag.StringVar(&cfg.sysfs, "sysfs", "/sys", "sysfs root the NUMA attribute is read from")
 	flag.Parse()
 
 	if err := run(cfg); err != nil {
@@ -147,7 +164,11 @@ func run(cfg config) error {
 	}
 	defer helper.Stop()
 
-	if err := helper.PublishResources(ctx, publishedResources(cfg)); err != nil {
+	resources, err := publishedResources(cfg)
+	if err != nil {
+		return err
+	}
+	if err := helper.PublishResources(ctx, resources); err != nil {
 		return fmt.Errorf("publish resources: %w", err)
 	}
 	logger.Info("go-driver running", "driver", cfg.driverName, "node", cfg.nodeName)
@@ -162,16 +183,25 @@ func run(cfg config) error {
 // publishedResources describes one pool, named after the node, with
 // cfg.devices plain devices dev-0 ... dev-<n-1>, in one slice or, with
 // cfg.devicesPerSlice, in slices of at most that many.
-func publishedResources(cfg config) resourceslice.DriverResources {
+func publishedResources(cfg config) (resourceslice.DriverResources, error) {
+	nodes, err := parseNodes(cfg.numaNodes)
+	if err != nil {
+		return resourceslice.DriverResources{}, err
+	}
 	devices := make([]resourceapi.Device, 0, cfg.devices)
 	for i := range cfg.devices {
-		devices = append(devices, resourceapi.Device{
-			Name: fmt.Sprintf("dev-%d", i),
-			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				"index": {IntValue: ptr.To(int64(i))},
-				"model": {StringValue: ptr.To("go-test-device")},
-			},
-		})
+		attributes := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"index": {IntValue: ptr.To(int64(i))},
+			"model": {StringValue: ptr.To("go-test-device")},
+		}
+		if len(nodes) > 0 {
+			value, err := numaAttribute(cfg.sysfs, cfg.numaForm, nodes[i%len(nodes)])
+			if err != nil {
+				return resourceslice.DriverResources{}, err
+			}
+			attributes[deviceattribute.StandardDeviceAttributeNUMANode] = value
+		}
+		devices = append(devices, resourceapi.Device{Name: fmt.Sprintf("dev-%d", i), Attributes: attributes})
 	}
 	slices := []resourceslice.Slice{{Devices: devices}}
 	if size := cfg.devicesPerSlice; size > 0 && len(devices) > size {
@@ -184,7 +214,7 @@ func publishedResources(cfg config) resourceslice.DriverResources {
 		Pools: map[string]resourceslice.Pool{
 			cfg.nodeName: {Slices: slices},
 		},
-	}
+	}, nil
 }
 
 // driver implements kubeletplugin.DRAPlugin.
