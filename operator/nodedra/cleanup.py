@@ -7,6 +7,10 @@ lock files and any socket a killed instance could not remove. This module finds 
 removes them and says which. It never removes anything while nodedra still runs on the node:
 a running instance would go on writing into a state it no longer has on disk.
 
+The host's work that ``quietCPUs`` narrowed (its record in the state directory) is given
+back first, where the cleanup can write the host's files (``--irq-dir``, ``--workqueue-dir``);
+where it cannot, the record is left and named: the sources stay narrowed until the next boot.
+
 What stays untouched: running containers. Their CPUs are in their cgroups already, and a
 runtime reads a CDI spec only when it creates a container; the metadata files are bind-mounted
 into them, and a removed file stays readable through the mount.
@@ -27,10 +31,14 @@ from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SERI
 from nodedra.dra.names import CDI_CLASS, driver_name
 from nodedra.lib.locks import held_elsewhere
 from nodedra.policy import POLICIES
+from nodedra.quiet import RECORD, KernelWork, read_boot_id
+from nodedra.quiet.keeper import BOOT_ID, read_record
 from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME, Checkpoint, CheckpointError
 from nodedra.resmgr.ledger import reservations_of
 from nodedra.resmgr.nrirole import NRI_ROLE_LOCK
 
+OURS = (FILE_NAME, LEGACY_NAME, RECORD)
+"""The state directory's files of nodedra's: the checkpoint, its note, the quiet CPUs' record."""
 DEFAULT_STATE_DIR = Path("/var/lib/nodedra")
 """The state directory of the manifests and the chart (NODEDRA_STATE_DIR)."""
 
@@ -58,6 +66,9 @@ class NodePaths:
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     state_dir: Path = DEFAULT_STATE_DIR
     drivers: tuple[str, ...] = tuple(driver_name(policy) for policy in POLICIES)
+    irq_dir: Path = Path("/proc/irq")
+    workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
+    boot_id: Path = BOOT_ID
 
     def data_dirs(self) -> list[Path]:
         """Each driver's data directory: sockets, locks, device metadata (all nodedra's)."""
@@ -70,6 +81,8 @@ class Report:
 
     removed: list[Path] = field(default_factory=list)
     left: list[Path] = field(default_factory=list)
+    not_given_back: list[str] = field(default_factory=list)
+    """Sources of the host's work still narrowed, and why (their record is left)."""
 
 
 def still_running(paths: NodePaths) -> str | None:
@@ -143,13 +156,35 @@ def cleanup(paths: NodePaths, on_removed: Callable[[Path], None] = lambda _: Non
             "DaemonSet first (kubectl -n nodedra delete daemonset nodedra) and wait for its "
             "pod to be gone"
         )
+    not_given_back = give_back_quiet(paths)
     found, foreign = ours(paths)
-    report = Report(left=foreign)
+    report = Report(left=foreign, not_given_back=not_given_back)
+    if not_given_back:
+        record = paths.state_dir / RECORD
+        found = [p for p in found if p not in (record, paths.state_dir)]
+        report.left.append(record)
     for path in found:
         if _remove(path):
             report.removed.append(path)
             on_removed(path)
     return report
+
+
+def give_back_quiet(paths: NodePaths) -> list[str]:
+    """Give the host's work narrowed by ``quietCPUs`` its CPUs back; what could not be.
+
+    A record of another boot names nothing narrowed: the boot gave the kernel its defaults.
+    """
+    record = paths.state_dir / RECORD
+    if not record.exists():
+        return []
+    originals = read_record(record, read_boot_id(paths.boot_id))
+    work = KernelWork(paths.irq_dir, paths.workqueue_dir)
+    try:
+        refused = work.restore(originals)
+    except OSError as err:
+        return [f"{paths.irq_dir}, {paths.workqueue_dir}: {err.strerror or err}"]
+    return [f"{work.describe(source)}: {why}" for source, why in refused.items()]
 
 
 def _remove(path: Path) -> bool:
@@ -209,10 +244,8 @@ def _state_files(state_dir: Path) -> tuple[list[Path], list[Path]]:
     names = _names(state_dir)
     if not names and not state_dir.is_dir():
         return [], []
-    temporary = re.compile(
-        "|".join(rf"\.{re.escape(n)}\..+\.tmp" for n in (FILE_NAME, LEGACY_NAME))
-    )
-    mine = [n for n in names if n in (FILE_NAME, LEGACY_NAME) or temporary.fullmatch(n)]
+    temporary = re.compile("|".join(rf"\.{re.escape(n)}\..+\.tmp" for n in OURS))
+    mine = [n for n in names if n in OURS or temporary.fullmatch(n)]
     foreign = [state_dir / n for n in names if n not in mine]
     found = [state_dir / n for n in mine]
     if os.path.ismount(state_dir):  # cannot be removed: said as left, with why
@@ -273,8 +306,19 @@ def command(paths: NodePaths, out: TextIO, err: TextIO) -> int:
         what = error.strerror if error.filename is None else f"{error.filename}: {error.strerror}"
         print(f"nodedra cleanup: {what}; run it again once that is fixed", file=err)
         return 1
+    for why in report.not_given_back:
+        print(f"not given back: {why}", file=out)
+    if report.not_given_back:
+        print(
+            f"nodedra cleanup: the host's work quietCPUs kept off claimed CPUs is still kept "
+            f"off them (until the next boot): run the cleanup with the host's {paths.irq_dir} "
+            "and workqueue directory writable (deploy/overlays/quiet-cpus-cleanup/)",
+            file=err,
+        )
     for path in report.left:
-        if os.path.ismount(path):
+        if path.name == RECORD and report.not_given_back:
+            print(f"left {path}: what the host's work had before, still narrowed", file=out)
+        elif os.path.ismount(path):
             print(f"left {path}: a mount point here (remove it on the host)", file=out)
         else:
             print(f"left {path}: not a file of nodedra's", file=out)

@@ -171,6 +171,8 @@ def cleanup(args: argparse.Namespace) -> int:
         plugins_dir=args.plugins_dir,
         cdi_dir=args.cdi_dir,
         state_dir=args.state_dir,
+        irq_dir=args.irq_dir,
+        workqueue_dir=args.workqueue_dir,
     )
     return command(paths, sys.stdout, sys.stderr)
 
@@ -255,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cleanup",
         help="remove nodedra's files from this node once nodedra no longer runs on it",
         description="Remove what nodedra wrote on this node: its checkpoint (state "
-        "directory), its claims' CDI specs and device metadata, its lock files and sockets; "
+        "directory), its claims' CDI specs and device metadata, its lock files and sockets, "
+        "after giving back the CPUs quietCPUs took from the host's interrupts and workqueues; "
         "print each path removed. Refuses while nodedra still runs here. Other vendors' "
         "files are never touched; running containers keep running.",
     )
@@ -265,6 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("--plugins-dir", None, defaults.plugins_dir, "kubelet's plugins directory"),
         ("--cdi-dir", "NODEDRA_CDI_DIR", defaults.cdi_dir, "CDI spec directory"),
         ("--state-dir", "NODEDRA_STATE_DIR", defaults.state_dir, "checkpoint's directory"),
+        ("--irq-dir", "NODEDRA_IRQ_DIR", defaults.irq_dir, "host's /proc/irq (quietCPUs)"),
+        (
+            "--workqueue-dir",
+            "NODEDRA_WORKQUEUE_DIR",
+            defaults.workqueue_dir,
+            "host's workqueue directory (quietCPUs)",
+        ),
     ):
         cleanup_parser.add_argument(
             flag,

@@ -205,6 +205,10 @@ def label(index: int) -> str:
     return letters
 
 
+QUIET_KINDS = (("interrupts", "device interrupts"), ("unboundWork", "unbound kernel work"))
+"""The kinds of host work in ``/status``'s ``quiet_cpus``, for people."""
+
+
 def render_text(cpu_map: Mapping[str, Any], *, colour: bool = False, width: int = 100) -> str:
     """``nodedra status``: the CPU map for people, ``width`` columns wide."""
     return "\n".join(_Drawing(cpu_map, colour, width).lines()) + "\n"
@@ -246,7 +250,20 @@ class _Drawing:
             + ("A, B, ...: the claims below" if m["claims"] else "no claims held")
         )
         yield from self.claims()
+        yield from self.quiet()
         yield from self.containers()
+
+    def quiet(self) -> Iterator[str]:
+        """What of the host's own work is kept off the claimed CPUs (``quietCPUs``)."""
+        quiet = self.map.get("quiet_cpus") or {}
+        kinds = [name for key, name in QUIET_KINDS if quiet.get(key)]
+        if not kinds:
+            return
+        yield ""
+        claimed = quiet["claimed"] or "none"
+        yield f"quiet CPUs: {' and '.join(kinds)} kept off claimed CPUs {claimed}"
+        for left in quiet["left"]:
+            yield f"  still on {left['cpus']}: {left['source']}: {left['why']}"
 
     def grid(self) -> Iterator[str]:
         cpus = [cpu for n in self.map["numa_nodes"] for core in n["cores"] for cpu in core["cpus"]]

@@ -93,6 +93,24 @@ class StatusCounts:
     """Claims whose write failed, waiting to be tried again."""
 
 
+class _QuietCollector(Collector):
+    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterable[Metric]:
+        status = self._status()
+        sources = GaugeMetricFamily(
+            "nodedra_quiet_cpu_sources",
+            "Sources of the host's work (interrupts, workqueues) quietCPUs steers, by whether "
+            "they are kept off every claimed CPU (off_claims) or still may run on one (left).",
+            labels=["state"],
+        )
+        left = len(status.get("left", ()))
+        sources.add_metric(["off_claims"], status.get("sources", 0) - left)
+        sources.add_metric(["left"], left)
+        yield sources
+
+
 class _ClaimWatchCollector(Collector):
     def __init__(
         self, counts: Callable[[], ClaimWatchCounts], status: Callable[[], StatusCounts]
@@ -277,6 +295,10 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_UsageCollector(usage))
+
+    def show_quiet_cpus(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        """Show what ``quietCPUs`` keeps off the claimed CPUs (QuietKeeper.status)."""
+        self.registry.register(_QuietCollector(status))
 
     def count_claim_watch(
         self, counts: Callable[[], ClaimWatchCounts], status: Callable[[], StatusCounts]

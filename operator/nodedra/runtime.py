@@ -30,6 +30,7 @@ from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
 from nodedra.preflight import Inputs, Preflight
+from nodedra.quiet import RECORD, KernelWork, QuietKeeper, read_boot_id
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
 from nodedra.statuscopy import StatusCopy
@@ -211,8 +212,24 @@ class Runtime:
         self.orphans = OrphanTracker(
             self.index, self.manager.committed_claims, settings.orphan_grace
         )
-        self.config = ConfigWatcher(settings.config, self.manager.reconfigure, self._count_reload)
-        self.status_copy = StatusCopy(self.manager, self.topology, settings.node_name)
+        self.config = ConfigWatcher(settings.config, self._reconfigure, self._count_reload)
+        self.status_copy = StatusCopy(
+            self.manager,
+            self.topology,
+            settings.node_name,
+            extras=lambda: {"quiet_cpus": self.quiet.status()},
+        )
+        self.quiet = QuietKeeper(
+            KernelWork(settings.irq_dir, settings.workqueue_dir),
+            self.manager.checkpoint.path.parent / RECORD,
+            read_boot_id(),
+            online=policy.online_cpus(),
+            claimed=self.manager.claimed_cpus,
+            kinds=lambda: self.manager.policy.config.quiet,
+            on_status=self.status_copy.invalidate,
+        )
+        self.manager.on_claims_changed(self.quiet.request_update)
+        self.metrics.show_quiet_cpus(self.quiet.status)
         self._stops: list[Callable[[], None]] = []
         """How to close the listeners opened, in the order opened."""
 
@@ -242,6 +259,7 @@ class Runtime:
             self._close_listeners()
             raise
         self.status_copy.start()
+        self.quiet.start()
         if self.status is not None:
             self.status.start()
         if self.claims is not None:
@@ -269,6 +287,7 @@ class Runtime:
         if self.claims is not None:
             self.claims.stop()
         self.manager.stop()
+        self.quiet.stop()
         if self.status is not None:
             self.status.stop()
         self.status_copy.stop()
@@ -386,6 +405,11 @@ class Runtime:
             )
         finally:
             self.manager.release()
+
+    def _reconfigure(self, config: PolicyConfig) -> None:
+        """Apply a changed configuration (PolicyError keeps the old one), then its quietCPUs."""
+        self.manager.reconfigure(config)
+        self.quiet.request_update()
 
     def _count_reload(self, result: str) -> None:
         self.metrics.config_reloads.labels(result).inc()

@@ -62,6 +62,8 @@ class Settings:
     allow_whole_numa_node_devices: bool = False
     kubelet_cpu_manager_state: Path | None = Path(KUBELET_STATE_FILE)
     kubelet_config: Path | None = None
+    irq_dir: Path = Path("/proc/irq")
+    workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,17 @@ FLAGS = (
         "NODEDRA_KUBELET_CONFIG",
         "the kubelet's configuration file (kubeadm: /var/lib/kubelet/config.yaml), read for "
         "its CPU, memory and topology manager policies and reservedSystemCPUs (default: none)",
+    ),
+    _Flag(
+        "irq_dir",
+        "NODEDRA_IRQ_DIR",
+        "the host's /proc/irq, written with quietCPUs.interrupts (in a pod: a hostPath of "
+        "it, since the container's own is read-only)",
+    ),
+    _Flag(
+        "workqueue_dir",
+        "NODEDRA_WORKQUEUE_DIR",
+        "the host's /sys/devices/virtual/workqueue, written with quietCPUs.unboundWork",
     ),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}

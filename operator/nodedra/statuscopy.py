@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from nodedra.status import HoldingsSource, cpu_map
 from nodedra.topology import Topology
@@ -41,10 +42,18 @@ class ManagerLike(HoldingsSource, Protocol):
 class StatusCopy:
     """The last CPU map taken, as the JSON ``/status`` answers; refreshed by a thread."""
 
-    def __init__(self, manager: ManagerLike, topology: Topology, node: str) -> None:
+    def __init__(
+        self,
+        manager: ManagerLike,
+        topology: Topology,
+        node: str,
+        extras: Callable[[], Mapping[str, Any]] = dict,
+    ) -> None:
         self._manager = manager
         self._topology = topology
         self._node = node
+        self._extras = extras
+        """More of the node's state, kept by others (the quiet CPUs), added to each copy."""
         self._body: bytes | None = None
         self._copied = -1
         """The manager's ``holds`` when the copy was taken (its own hold included)."""
@@ -65,6 +74,11 @@ class StatusCopy:
         if self._thread.is_alive():
             self._thread.join()
 
+    def invalidate(self) -> None:
+        """What ``extras`` says changed: take a new copy soon."""
+        self._copied = -1
+        self._manager.released.set()
+
     def refresh(self) -> bool:
         """Take a copy now if the lock is free and something held it since; whether taken."""
         holds = self._manager.holds
@@ -75,6 +89,7 @@ class StatusCopy:
             return False
         # The copy's own hold counts: it is current until someone else takes the lock.
         self._copied = holds + 1
+        data.update(self._extras())
         data["as_of"] = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._body = json.dumps(data, sort_keys=True).encode()
         return True

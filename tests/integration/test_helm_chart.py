@@ -26,6 +26,7 @@ from nodedra import __version__
 from nodedra.nri import PINNING_MODES
 from nodedra.policy import POLICIES, PolicyConfig, load_config
 from nodedra.policy.config import NUMAAttribute
+from nodedra.quiet import QuietKinds
 from nodedra.settings import Settings, load_settings, split_address
 from nodedra.topology import parse_cpu_list
 from tests.peers.build import PeerBinaries
@@ -33,6 +34,7 @@ from tests.peers.controlplane import ControlPlane
 from tests.peers.nodedra_node import CLUSTER_SCOPED_KINDS, MANIFESTS, ROOT, apply_objects
 
 CHART = ROOT / "charts" / "nodedra"
+OVERLAYS = ROOT / "deploy" / "overlays"
 RELEASE = "nodedra"
 
 #: The kinds the chart renders, by scope; a kind in neither fails the tests until it is added.
@@ -114,9 +116,9 @@ class Tools:
         """``helm template nodedra charts/nodedra --namespace <namespace> <options>``."""
         return split_documents(self.template_text(namespace, *options))
 
-    def kustomize(self) -> list[Rendered]:
-        """``kubectl kustomize manifests/``."""
-        return split_documents(self.check([self.kubectl, "kustomize", MANIFESTS]))
+    def kustomize(self, directory: Path = MANIFESTS) -> list[Rendered]:
+        """``kubectl kustomize manifests/`` (or an overlay of it)."""
+        return split_documents(self.check([self.kubectl, "kustomize", directory]))
 
 
 @pytest.fixture(scope="module")
@@ -461,6 +463,44 @@ def test_the_numa_node_attribute_reaches_the_config(tools: Tools, tmp_path: Path
     )
     config = config_of(rendered, tmp_path)
     assert config.numa_attribute == NUMAAttribute("list", ("dra.net/numaNode",))
+
+
+def by_name(daemonset: Rendered) -> Rendered:
+    """``daemonset`` with its volumes, and its containers' variables and mounts, in name
+    order (a kustomize patch puts what it adds first, the chart where it writes it)."""
+    spec = daemonset.obj["spec"]["template"]["spec"]
+    spec["volumes"].sort(key=lambda v: v["name"])
+    for each in spec["containers"]:
+        each["env"].sort(key=lambda v: v["name"])
+        each["volumeMounts"].sort(key=lambda m: m["name"])
+    return daemonset
+
+
+def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_path: Path) -> None:
+    """The value turns the feature on and mounts the host's files as deploy/overlays/quiet-cpus/
+    does; without it nothing of the host's is writable."""
+    chart = tools.template(
+        "nodedra", "--set", "quietCPUs.interrupts=true,quietCPUs.unboundWork=true"
+    )
+    assert config_of(chart, tmp_path).quiet == QuietKinds(interrupts=True, unbound_work=True)
+    settings = settings_of(chart)
+    assert (settings.irq_dir, settings.workqueue_dir) == (
+        Path("/host/proc/irq"),
+        Path("/host/sys/devices/virtual/workqueue"),
+    )
+    daemonsets = [by_name(r) for r in chart if r.obj["kind"] == "DaemonSet"]
+    overlay = [
+        by_name(r) for r in tools.kustomize(OVERLAYS / "quiet-cpus") if r.obj["kind"] == "DaemonSet"
+    ]
+    assert not drift_report(daemonsets, overlay), drift_report(daemonsets, overlay)
+    default = one(tools.template("nodedra"), "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    assert not {v["name"] for v in default} & {"irq", "workqueue"}
+    # Its cleanup gives the host's work back: the same files, where `nodedra cleanup` looks.
+    cleanup = one(tools.kustomize(OVERLAYS / "quiet-cpus-cleanup"), "DaemonSet")
+    (init,) = cleanup["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    mounts = {m["mountPath"] for m in init["volumeMounts"]}
+    assert {env["NODEDRA_IRQ_DIR"], env["NODEDRA_WORKQUEUE_DIR"]} <= mounts
 
 
 def test_options_node_allocatable_and_the_rest(tools: Tools, tmp_path: Path) -> None:

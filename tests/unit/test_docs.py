@@ -309,11 +309,13 @@ SUFFIXES = {
 
 @functools.cache
 def metric_names() -> frozenset[str]:
-    """Every name nodedra's registry exposes: with pinning, the claim watch and a gate."""
+    """Every name nodedra's registry exposes: with pinning, the claim watch, a gate and the
+    quiet CPUs."""
     pinning = PinningUsage(connected=True, pinned=0, containers=0, shared_cpus=1, unreserved=0)
     usage = NodeUsage(1, 0, {0: 0}, {0: 1}, pinning, {"DRANodeAllocatableResources": True})
     metrics = Metrics(lambda: usage)
     metrics.count_claim_watch(lambda: ClaimWatchCounts(0, 0, 0, 0), lambda: StatusCounts(0, 0, 0))
+    metrics.show_quiet_cpus(lambda: {"sources": 2, "left": [{}]})
     names = set()
     for family in metrics.registry.collect():
         names.add(family.name)

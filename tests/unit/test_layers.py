@@ -31,6 +31,11 @@ def loaded_by(module: str) -> set[str]:
         ),
         ("nodedra.topology", {"nodedra.policy", "nodedra.dra", "grpc", "kopf", "kubernetes"}),
         ("nodedra.policy", {"nodedra.dra", "nodedra.resmgr", "grpc", "kopf", "kubernetes"}),
+        # The host's work off claimed CPUs: kernel files and a record, nothing of the cluster.
+        (
+            "nodedra.quiet",
+            {"nodedra.policy", "nodedra.dra", "nodedra.resmgr", "grpc", "kopf", "kubernetes"},
+        ),
         ("nodedra.dra", {"nodedra.policy", "nodedra.resmgr", "nodedra.handlers", "kopf"}),
         (
             "nodedra.nri",

@@ -570,3 +570,27 @@ def test_colour_only_on_a_terminal_that_wants_it(
 )
 def test_the_address_is_that_of_the_metrics(address: str, url: str) -> None:
     assert endpoints.url(address, "/status") == url
+
+
+def test_the_quiet_cpus_say_what_is_kept_off_the_claims_and_what_is_left(tmp_path: Path) -> None:
+    cpu_map = checked_small_map(tmp_path)
+    assert "quiet CPUs" not in cpumap.render_text(cpu_map), "off: not a word"
+    cpu_map["quiet_cpus"] = {
+        "interrupts": True,
+        "unboundWork": True,
+        "claimed": "1-2,5",
+        "sources": 12,
+        "left": [
+            {
+                "source": "IRQ 25 (virtio0-input.0)",
+                "cpus": "2",
+                "why": "Input/output error (the kernel keeps it where it is)",
+            }
+        ],
+    }
+    text = cpumap.render_text(cpu_map)
+    assert (
+        "\nquiet CPUs: device interrupts and unbound kernel work kept off claimed CPUs 1-2,5\n"
+        "  still on 2: IRQ 25 (virtio0-input.0): "
+        "Input/output error (the kernel keeps it where it is)\n"
+    ) in text

@@ -81,8 +81,8 @@ the nodes of no pool first, then one per node pool. An instance has
 {{- if not (kindIs "slice" $pools) -}}
 {{- fail "nodePools: is not a list of pools ({name, nodeSelector, policy, ...})" -}}
 {{- end -}}
-{{- $keys := list "name" "nodeSelector" "policy" "reservedCPUs" "nodeAllocatable" "fullPhysicalCores" "numaNodeAttribute" "options" -}}
-{{- $overrides := list "policy" "reservedCPUs" "nodeAllocatable" "fullPhysicalCores" "numaNodeAttribute" "options" -}}
+{{- $keys := list "name" "nodeSelector" "policy" "reservedCPUs" "nodeAllocatable" "fullPhysicalCores" "numaNodeAttribute" "quietCPUs" "options" -}}
+{{- $overrides := list "policy" "reservedCPUs" "nodeAllocatable" "fullPhysicalCores" "numaNodeAttribute" "quietCPUs" "options" -}}
 {{- $instances := list -}}
 {{- $exclusions := list -}}
 {{- $seen := dict -}}

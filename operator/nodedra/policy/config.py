@@ -8,6 +8,9 @@ fullPhysicalCores: false    # claims get whole physical cores only
 numaNodeAttribute:          # resource.kubernetes.io/numaNode, for constraints with other
   form: scalar              #   drivers' devices: scalar, or list (DRAListTypeAttributes)
   aliases: []               #   the scalar under other names too (dra.net/numaNode)
+quietCPUs:                  # the host's work kept off claimed CPUs (all off by default)
+  interrupts: false         #   device interrupts (/proc/irq)
+  unboundWork: false        #   unbound kernel workqueues
 options:                    # per policy, see docs/configuration.md
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
   reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
@@ -31,6 +34,7 @@ from typing import Any
 import yaml
 
 from nodedra.lib.quantity import parse_quantity
+from nodedra.quiet.keeper import QuietKinds
 from nodedra.topology.cpulist import parse_cpu_list
 
 POLICIES = ("topology-aware", "static")
@@ -56,8 +60,11 @@ _TOP_LEVEL = (
     "nodeAllocatable",
     "fullPhysicalCores",
     "numaNodeAttribute",
+    "quietCPUs",
     "options",
 )
+QUIET_KINDS = {"interrupts": "interrupts", "unboundWork": "unbound_work"}
+"""The keys of ``quietCPUs`` -> the fields of QuietKinds."""
 NUMA_FORMS = ("scalar", "list")
 """The forms of ``numaNodeAttribute``; the first is the default."""
 MAX_NUMA_ALIASES = 4
@@ -96,6 +103,8 @@ class PolicyConfig:
     """Whether claims get whole physical cores only, and no thread of a claimed core goes to
     anyone else (the kubelet's ``full-pcpus-only``)."""
     numa_attribute: NUMAAttribute = NUMAAttribute()
+    quiet: QuietKinds = field(default_factory=QuietKinds)
+    """The host's work kept off the CPUs claims hold (``nodedra.quiet``)."""
 
     @property
     def reserved_memory(self) -> int:
@@ -148,7 +157,23 @@ def parse_config(data: object, source: str = "configuration") -> PolicyConfig:
         node_allocatable,
         full_cores,
         _numa_attribute(data.get("numaNodeAttribute"), f"{source}: numaNodeAttribute"),
+        _quiet(data.get("quietCPUs"), f"{source}: quietCPUs"),
     )
+
+
+def _quiet(raw: object, where: str) -> QuietKinds:
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping of {sorted(QUIET_KINDS)} to true or false")
+    unknown = sorted(set(raw) - set(QUIET_KINDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; known: {sorted(QUIET_KINDS)}")
+    kinds = {}
+    for key, value in raw.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: must be true or false")
+        kinds[QUIET_KINDS[key]] = value
+    return QuietKinds(**kinds)
 
 
 def _numa_attribute(raw: object, where: str) -> NUMAAttribute:

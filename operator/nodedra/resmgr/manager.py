@@ -111,6 +111,8 @@ class ResourceManager:
         read at one count is current as long as the count stays (``/status``'s copy)."""
         self.released = threading.Event()
         """Set whenever the lock is given back: for those waiting for the count to grow."""
+        self._claims_changed = False
+        self._claims_listeners: list[Callable[[], None]] = []
 
     @property
     def policy(self) -> Policy:
@@ -167,10 +169,14 @@ class ResourceManager:
             except Exception:
                 log.exception("committing the changes of a request that did not commit failed")
         due, self._updates_due = self._updates_due, False
+        changed, self._claims_changed = self._claims_changed, False
         self._lock.release()
         self.released.set()
         if due and self.nri is not None:
             self.nri.request_updates()
+        if changed:
+            for listener in self._claims_listeners:
+                listener()
 
     def _request_updates(self) -> None:
         """Whom a claim is reserved for changed (outside the lock): containers may move."""
@@ -324,6 +330,14 @@ class ResourceManager:
         """
         return self._committed_view().get(uid, ())
 
+    def claimed_cpus(self) -> frozenset[int]:
+        """The CPUs the claims hold, as last committed (see :meth:`committed_grants`)."""
+        return frozenset().union(*(g.cpus for gs in self._committed_view().values() for g in gs))
+
+    def on_claims_changed(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (outside the lock, once committed) whenever claims come or go."""
+        self._claims_listeners.append(listener)
+
     def committed_claims(self) -> frozenset[str]:
         """The UIDs of the claims held as last committed (see :meth:`committed_grants`)."""
         return frozenset(self._committed_view())
@@ -447,6 +461,7 @@ class ResourceManager:
 
     def _books_changed(self) -> None:
         """Claims came or went (lock held): containers may have to change CPUs."""
+        self._claims_changed = True
         if self.containers is not None:
             self.containers.pinning.books_changed()
             self._updates_due = True

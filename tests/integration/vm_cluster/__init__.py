@@ -1,9 +1,11 @@
-"""The VM node as a production node: cgroup v2, systemd, nodedra deployed with the manifests.
+"""The VM node as a production node: cgroup v2, systemd, nodedra deployed with the manifests
+(through deploy/overlays/quiet-cpus/, which adds the host's files quietCPUs writes).
 
 One cluster for the package (tests.peers.vm_cluster, the ``vm_cluster`` fixture of its
 conftest): a control plane of its own on this machine and the guest joined to it. The modules
 run in order, each test going on from where the one before left the cluster:
-``test_cluster`` deploys nodedra and pins a claim, ``test_restarts`` restarts containerd,
+``test_cluster`` deploys nodedra and pins a claim, ``test_hugepages`` claims huge pages,
+``test_quiet_cpus`` keeps the host's work off a claim's CPU, ``test_restarts`` restarts containerd,
 nodedra, and the whole guest (a reboot and a power cut). What counts is read inside the guest:
 each container's ``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
 slice.
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.peers.deployment import NAMESPACE
 from tests.peers.nodedra_node import TOPOLOGY_AWARE
 from tests.peers.pods import workload_pod
-from tests.peers.vm_cluster import NODE_NAME
+from tests.peers.vm_cluster import NODE_NAME, VMCluster
 
 TEST_NAMESPACE = "vm-tests"
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{TEST_NAMESPACE}/resourceclaims"
@@ -49,3 +52,23 @@ def claim_pod(name: str, claim: str, **options: Any) -> dict[str, Any]:
         claims=[{"name": "cpus", "resourceClaimName": claim}],
         **options,
     )
+
+
+def edit_config(cluster: VMCluster, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` in the deployed ConfigMap's config.yaml, and have the kubelet
+    bring the file to nodedra's pod now.
+
+    The kubelet refreshes a pod's ConfigMap volumes when it syncs the pod, which a change of
+    the pod does at once (annotating it) where its periodic sync could take a minute.
+    """
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/nodedra-config"
+    config_map = cluster.cp.request("GET", path)
+    text = config_map["data"]["config.yaml"]
+    assert old in text, text
+    config_map["data"]["config.yaml"] = text.replace(old, new)
+    cluster.cp.request("PUT", path, config_map)
+    (nodedra,) = cluster.nodedra_pods()
+    cluster.kubectl(
+        "-n", NAMESPACE, "annotate", "--overwrite", "pod", nodedra["metadata"]["name"],
+        f"nodedra.test/config={config_map['metadata']['resourceVersion']}",
+    )  # fmt: skip

@@ -11,7 +11,7 @@ from tests.conftest import VMNodeFactory
 from tests.integration.vm_cluster import TEST_NAMESPACE
 from tests.peers.build import PeerBinaries
 from tests.peers.deployment import ToolError, rollout_status
-from tests.peers.nodedra_node import MANIFESTS, ROOT
+from tests.peers.nodedra_node import ROOT
 from tests.peers.vm_cluster import VMCluster
 
 
@@ -42,9 +42,11 @@ def vm_cluster(
 
 @pytest.fixture(scope="package")
 def deployed(vm_cluster: VMCluster) -> VMCluster:
-    """`kubectl apply -k manifests/` done and the DaemonSet rolled out on the guest."""
+    """`kubectl apply -k deploy/overlays/quiet-cpus/` done (the manifests, and the host's files
+    quietCPUs writes mounted; the feature stays off until test_quiet_cpus turns it on) and
+    the DaemonSet rolled out on the guest."""
     started = time.monotonic()
-    vm_cluster.kubectl("apply", "-k", str(MANIFESTS))
+    vm_cluster.kubectl("apply", "-k", str(ROOT / "deploy" / "overlays" / "quiet-cpus"))
     try:
         rollout_status(vm_cluster.kubectl, timeout=600)
     except ToolError as err:

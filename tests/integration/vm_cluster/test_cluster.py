@@ -2,7 +2,8 @@
 
 The cluster is the package's (see it); nodedra's image is in the guest's containerd
 (imported when the guest's image was built, as if pulled), deployed with
-``kubectl apply -k manifests/``, unchanged.
+``kubectl apply -k deploy/overlays/quiet-cpus/``: the manifests unchanged, and two host directories
+mounted that only quietCPUs (off here) writes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.integration.vm_cluster import (
     CLAIMS,
     TEST_NAMESPACE,
     claim_pod,
+    edit_config,
     numa1_claim,
 )
 from tests.peers.cluster import poll, resource_slices
@@ -232,23 +234,11 @@ def test_deleting_the_claim_s_pod_gives_its_cpus_back(deployed: VMCluster) -> No
 
 
 def _set_full_physical_cores(cluster: VMCluster, on: bool) -> None:
-    """Edit the deployed ConfigMap, and have the kubelet bring the file to nodedra's pod now.
-
-    The kubelet refreshes a pod's ConfigMap volumes when it syncs the pod, which a change of
-    the pod does at once (annotating it) where its periodic sync could take a minute.
-    """
-    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/nodedra-config"
-    config_map = cluster.cp.request("GET", path)
-    text = config_map["data"]["config.yaml"]
-    old = f"fullPhysicalCores: {str(not on).lower()}"
-    assert old in text, text
-    config_map["data"]["config.yaml"] = text.replace(old, f"fullPhysicalCores: {str(on).lower()}")
-    cluster.cp.request("PUT", path, config_map)
-    (nodedra,) = cluster.nodedra_pods()
-    cluster.kubectl(
-        "-n", NAMESPACE, "annotate", "--overwrite", "pod", nodedra["metadata"]["name"],
-        f"nodedra.test/full-physical-cores={str(on).lower()}",
-    )  # fmt: skip
+    edit_config(
+        cluster,
+        f"fullPhysicalCores: {str(not on).lower()}",
+        f"fullPhysicalCores: {str(on).lower()}",
+    )
 
 
 def _wait_devices(cluster: VMCluster, want: dict[str, str]) -> dict[str, Any]:

@@ -8,17 +8,21 @@ close to ours as they could legitimately be.
 from __future__ import annotations
 
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from nodedra.cleanup import RUNTIME_FIRST, NodePaths
+from nodedra.cleanup import RUNTIME_FIRST, NodePaths, cleanup, command
 from nodedra.cli import main
 from nodedra.dra.cdi import CDIStore
 from nodedra.dra.metadata import METADATA_DIR
 from nodedra.lib.locks import FileLock
+from nodedra.quiet import RECORD
+from nodedra.quiet.keeper import read_record, write_record
 from nodedra.resmgr.checkpoint import FILE_NAME, Checkpoint, State
 
 TOPOLOGY_AWARE = "topology-aware.nri.io"
@@ -267,3 +271,51 @@ def test_a_removal_that_fails_is_named_after_what_was_removed(
     (blocker / "inside").rmdir()
     assert main(args(node)) == 0
     assert files_under(node) == set()
+
+
+def quiet_host(node: NodePaths, root: Path) -> NodePaths:
+    """A host whose interrupt 24 and workqueues a killed nodedra left narrowed to 0-1, and
+    the record of what they had (this boot's)."""
+    (root / "irq" / "24").mkdir(parents=True)
+    (root / "irq" / "24" / "smp_affinity_list").write_text("0-1\n")
+    (root / "irq" / "default_smp_affinity").write_text("03\n")
+    (root / "workqueue").mkdir()
+    (root / "workqueue" / "cpumask").write_text("03\n")
+    (root / "boot_id").write_text("boot-1\n")
+    originals = {s: frozenset(range(4)) for s in ("irq/24", "irq/default", "workqueue")}
+    write_record(node.state_dir / RECORD, "boot-1", originals)
+    return replace(
+        node,
+        irq_dir=root / "irq",
+        workqueue_dir=root / "workqueue",
+        boot_id=root / "boot_id",
+    )
+
+
+def test_the_host_s_work_gets_its_cpus_back_before_the_record_goes(
+    node: NodePaths, tmp_path: Path
+) -> None:
+    paths = quiet_host(node, tmp_path)
+    report = cleanup(paths)
+    assert (tmp_path / "irq" / "24" / "smp_affinity_list").read_text() == "0-3"
+    assert (tmp_path / "workqueue" / "cpumask").read_text() == "0000000f"
+    assert (tmp_path / "irq" / "default_smp_affinity").read_text() == "0000000f"
+    assert node.state_dir / RECORD in report.removed
+    assert not node.state_dir.exists()
+
+
+def test_without_the_host_s_files_the_record_stays_and_says_so(
+    node: NodePaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plain cleanup DaemonSet mounts neither: the sources stay narrowed (until the next
+    boot), and the record of what they had stays for a cleanup that can."""
+    paths = quiet_host(node, tmp_path)
+    assert (
+        command(replace(paths, workqueue_dir=tmp_path / "not-mounted"), sys.stdout, sys.stderr) == 0
+    )
+    out, err = capsys.readouterr()
+    assert (tmp_path / "irq" / "24" / "smp_affinity_list").read_text() == "0-3"
+    assert f"not given back: workqueue: {tmp_path / 'not-mounted'} is not there" in out
+    assert f"left {node.state_dir / RECORD}: what the host's work had before" in out
+    assert "deploy/overlays/quiet-cpus-cleanup/" in err
+    assert read_record(node.state_dir / RECORD, "boot-1")

@@ -70,6 +70,8 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_ALLOW_WHOLE_NUMA_NODE_DEVICES": "true",
         "NODEDRA_KUBELET_CPU_MANAGER_STATE": "/kubelet/cpu_manager_state",
         "NODEDRA_KUBELET_CONFIG": "/kubelet/config.yaml",
+        "NODEDRA_IRQ_DIR": "/host/proc/irq",
+        "NODEDRA_WORKQUEUE_DIR": "/host/wq",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -88,6 +90,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         Path("/kubelet/cpu_manager_state"),
         Path("/kubelet/config.yaml"),
     )
+    assert (settings.irq_dir, settings.workqueue_dir) == (Path("/host/proc/irq"), Path("/host/wq"))
     assert load_settings(None, to_environ(settings)) == settings
 
 

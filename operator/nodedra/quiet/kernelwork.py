@@ -1,0 +1,140 @@
+"""Device interrupts and unbound kernel work, steered by the kernel's own files.
+
+Each device interrupt's ``/proc/irq/N/smp_affinity_list``, the affinity of interrupts set up
+later (``/proc/irq/default_smp_affinity``) and the unbound workqueues' CPUs
+(``/sys/devices/virtual/workqueue/cpumask``) are *sources* of work on a CPU, each with the
+CPUs it may use. Steering one narrows what it had before nodedra touched it (its original:
+the admin's or the kernel's) to the CPUs no claim holds; where that would leave none, it
+keeps its original and says so. Some interrupts refuse (EIO: the kernel manages those of
+multi-queue devices and moves them itself): they are reported with the devices they serve.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
+
+from .cpumask import format_mask, parse_mask
+
+DEFAULT_AFFINITY = "irq/default"
+"""The source of interrupts set up later."""
+WORKQUEUE = "workqueue"
+"""The source of the unbound workqueues."""
+
+
+def irq_source(number: str) -> str:
+    """The source of interrupt ``number``."""
+    return f"irq/{number}"
+
+
+@dataclass
+class Steered:
+    """What one pass over the sources did."""
+
+    narrowed: list[str] = field(default_factory=list)
+    """Sources now kept off the claimed CPUs (as before, or changed in this pass)."""
+    kept: list[str] = field(default_factory=list)
+    """Sources whose original has no CPU outside the claims: left on it."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Sources the kernel would not change, and why."""
+
+
+class KernelWork:
+    """The sources of ``irq_dir`` (``/proc/irq``) and ``workqueue_dir``; either may be None."""
+
+    def __init__(self, irq_dir: Path | None, workqueue_dir: Path | None) -> None:
+        self._irq_dir = irq_dir
+        self._workqueue_dir = workqueue_dir
+
+    def sources(self, interrupts: bool, unbound_work: bool) -> list[str]:
+        """The sources there are now, of the kinds asked for."""
+        found = []
+        if interrupts and self._irq_dir is not None:
+            numbers = [p.name for p in self._irq_dir.iterdir() if p.name.isdigit()]
+            found += [irq_source(n) for n in sorted(numbers, key=int)]
+            found.append(DEFAULT_AFFINITY)
+        if unbound_work and self._workqueue_dir is not None:
+            found.append(WORKQUEUE)
+        return found
+
+    def read(self, source: str) -> frozenset[int] | None:
+        """The CPUs ``source`` may use now; None if it is gone (an interrupt freed)."""
+        path, is_mask = self._file(source)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        return parse_mask(text) if is_mask else parse_cpu_list(text.strip())
+
+    def steer(self, originals: Mapping[str, frozenset[int]], allowed: frozenset[int]) -> Steered:
+        """Narrow each source of ``originals`` to its original CPUs that are ``allowed``."""
+        steered = Steered()
+        for source, original in originals.items():
+            target = original & allowed
+            if not target:
+                steered.kept.append(source)
+                target = original
+            why = self._write(source, target)
+            if why is not None:
+                steered.refused[source] = why
+            elif source not in steered.kept:
+                steered.narrowed.append(source)
+        return steered
+
+    def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
+        """Give each source its original CPUs back; the sources that refused, and why.
+
+        An interrupt freed since has nothing to give back; a directory that is not there
+        (the host's not mounted) refuses every source in it.
+        """
+        refused = {}
+        for source, original in originals.items():
+            directory = self._irq_dir if source.startswith("irq/") else self._workqueue_dir
+            if directory is None or not directory.is_dir():
+                refused[source] = f"{directory} is not there"
+                continue
+            why = self._write(source, original)
+            if why is not None:
+                refused[source] = why
+        return refused
+
+    def _write(self, source: str, cpus: frozenset[int]) -> str | None:
+        """Write ``cpus`` to ``source`` unless it has them already; why not, if it refused."""
+        current = self.read(source)
+        if current is None or current == cpus:
+            return None
+        path, is_mask = self._file(source)
+        try:
+            self._put(path, format_mask(cpus) if is_mask else format_cpu_list(cpus))
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            kept = " (the kernel keeps it where it is)" if err.errno == errno.EIO else ""
+            return f"{err.strerror or err}{kept}"
+        return None
+
+    def _put(self, path: Path, text: str) -> None:
+        """One write of ``text``, as the kernel wants it (OSError if it refuses)."""
+        path.write_text(text)
+
+    def describe(self, source: str) -> str:
+        """``source`` for people: an interrupt with the devices it serves."""
+        if source.startswith("irq/") and source != DEFAULT_AFFINITY and self._irq_dir:
+            number = source.removeprefix("irq/")
+            devices = sorted(p.name for p in (self._irq_dir / number).glob("*") if p.is_dir())
+            return f"IRQ {number} ({', '.join(devices) or 'no device'})"
+        return source
+
+    def _file(self, source: str) -> tuple[Path, bool]:
+        """The file of ``source`` and whether it holds a hex mask (else a CPU list)."""
+        if source == WORKQUEUE and self._workqueue_dir is not None:
+            return self._workqueue_dir / "cpumask", True
+        if source == DEFAULT_AFFINITY and self._irq_dir is not None:
+            return self._irq_dir / "default_smp_affinity", True
+        if source.startswith("irq/") and self._irq_dir is not None:
+            return self._irq_dir / source.removeprefix("irq/") / "smp_affinity_list", False
+        raise ValueError(f"no file for {source!r}")
