@@ -38,6 +38,8 @@ from tests.peers.profile import ClusterProfile
 from tests.unit.policy.conftest import FIXTURES, SHAPES
 
 LIST_GATE = "DRAListTypeAttributes"
+SCHEDULER_WITHOUT_LISTS = 36
+"""The release whose scheduler leaves a claim of intersecting lists unschedulable."""
 POLICY = {TOPOLOGY_AWARE: "topology-aware", STATIC: "static"}
 """Driver -> its policy."""
 ACCELERATOR_NODE = 2
@@ -208,8 +210,10 @@ def test_the_list_form_pairs_the_accelerator_with_a_near_node(  # noqa: PLR0917
 ) -> None:
     """CPUs asked of NUMA node 3, beside an accelerator in node 2 of the same socket: with
     both drivers' lists (node 2: [2, 3]; node 3: [3, 2]) the sets meet and the claim is
-    served from node 3. Where the API server has the gate off, nodedra publishes the scalar
-    and the Go driver can only do the same: the claim cannot be aligned."""
+    served from node 3 (1.37). Where the API server has the gate off, nodedra publishes the
+    scalar and the Go driver can only do the same: the claim cannot be aligned. At 1.36,
+    with the gate on everywhere and both lists published, the scheduler does not pair them
+    either: the claim stays unschedulable too (seen here, documented, not explained)."""
     cp = workload_controllers
     nodedra_on(nodedra_factory, cp, kubelet, TOPOLOGY_AWARE, form="list")
     lists = cluster_profile.on(LIST_GATE)
@@ -217,7 +221,7 @@ def test_the_list_form_pairs_the_accelerator_with_a_near_node(  # noqa: PLR0917
     near = beside(
         "near", gpu, TOPOLOGY_AWARE, selectors=[on_node(TOPOLOGY_AWARE, 3)], **CPUS[TOPOLOGY_AWARE]
     )
-    if not lists:
+    if not lists or cluster_profile.minor == SCHEDULER_WITHOUT_LISTS:
         create_template_pod(cp, namespace, kubelet.node_name, near)
         assert "cannot allocate all claims" in wait_unschedulable(cp, namespace, "near")
         return
