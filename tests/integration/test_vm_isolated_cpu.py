@@ -20,12 +20,12 @@ CTR = "ctr -n k8s.io"
 CONFIG = "/etc/nodedra-isolated.yaml"
 
 
-def topology(node: VMNode, name: str, *args: str) -> dict[str, Any]:
-    """``nodedra topology --json`` in nodedra's image, run by the guest's containerd (its
-    ``/sys`` is the guest kernel's, read-only)."""
+def topology(node: VMNode) -> dict[str, Any]:
+    """``nodedra topology --json --config CONFIG`` in nodedra's image, run by the guest's
+    containerd (its ``/sys`` is the guest kernel's, read-only)."""
     output = node.run(
         f"{CTR} run --rm --mount type=bind,src={CONFIG},dst={CONFIG},options=rbind:ro "
-        f"{DEFAULT_NAME} {name} nodedra topology --json {' '.join(args)}",
+        f"{DEFAULT_NAME} topology nodedra topology --json --config {CONFIG}",
         timeout=180,
     ).check()
     data: dict[str, Any] = json.loads(output)
@@ -33,20 +33,20 @@ def topology(node: VMNode, name: str, *args: str) -> dict[str, Any]:
 
 
 def test_nodedra_reads_the_cpu_the_kernel_isolates(vm_node_factory: VMNodeFactory) -> None:
+    """The static devices (options are topology-aware's) and the topology-aware ones with
+    ``isolatedCPUs: reserved``, from one run."""
     with vm_node_factory(kernel_args=("isolcpus=3",)) as node:
         assert node.run("cat /sys/devices/system/cpu/isolated").check().strip() == "3"
         node.run(f"printf 'options:\\n  isolatedCPUs: reserved\\n' > {CONFIG}").check()
         node.run("systemctl start containerd", timeout=180).check()
 
-        offered = topology(node, "offered")
-        assert [c["id"] for c in offered["cpus"] if c["isolated"]] == [3], offered["cpus"]
-        static = {d["name"]: d["attributes"]["isolated"] for d in offered["devices"]["static"]}
+        found = topology(node)
+        assert [c["id"] for c in found["cpus"] if c["isolated"]] == [3], found["cpus"]
+        static = {d["name"]: d["attributes"]["isolated"] for d in found["devices"]["static"]}
         assert static == {f"cpu00{i}": {"bool": i == 3} for i in range(4)}, static
-
-        reserved = topology(node, "reserved", "--config", CONFIG)
         devices = {
             d["name"]: (d["capacity"].get("cpu", {}).get("value"), d["attributes"]["isolated"])
-            for d in reserved["devices"]["topology-aware"]
+            for d in found["devices"]["topology-aware"]
         }
         assert devices == {
             "cpudevnuma000": ("2", {"bool": False}),
