@@ -39,7 +39,7 @@ from tests.unit.policy.conftest import FIXTURES, SHAPES
 
 LIST_GATE = "DRAListTypeAttributes"
 SCHEDULER_WITHOUT_LISTS = 36
-"""The release whose scheduler leaves a claim of intersecting lists unschedulable."""
+"""The release whose scheduler meets no matchAttribute of lists, even equal ones."""
 POLICY = {TOPOLOGY_AWARE: "topology-aware", STATIC: "static"}
 """Driver -> its policy."""
 ACCELERATOR_NODE = 2
@@ -212,8 +212,8 @@ def test_the_list_form_pairs_the_accelerator_with_a_near_node(  # noqa: PLR0917
     both drivers' lists (node 2: [2, 3]; node 3: [3, 2]) the sets meet and the claim is
     served from node 3 (1.37). Where the API server has the gate off, nodedra publishes the
     scalar and the Go driver can only do the same: the claim cannot be aligned. At 1.36,
-    with the gate on everywhere and both lists published, the scheduler does not pair them
-    either: the claim stays unschedulable too (seen here, documented, not explained)."""
+    with the gate on everywhere and both lists published and kept, its scheduler matches no
+    list at all, not even two equal ones: the list form breaks alignment there."""
     cp = workload_controllers
     nodedra_on(nodedra_factory, cp, kubelet, TOPOLOGY_AWARE, form="list")
     lists = cluster_profile.on(LIST_GATE)
@@ -224,6 +224,10 @@ def test_the_list_form_pairs_the_accelerator_with_a_near_node(  # noqa: PLR0917
     if not lists or cluster_profile.minor == SCHEDULER_WITHOUT_LISTS:
         create_template_pod(cp, namespace, kubelet.node_name, near)
         assert "cannot allocate all claims" in wait_unschedulable(cp, namespace, "near")
+        if lists:  # 1.36: not even equal lists (node 2's accelerator, node 2's CPUs) match
+            same = beside("same", gpu, TOPOLOGY_AWARE, selectors=[on_node(TOPOLOGY_AWARE, 2)])
+            create_template_pod(cp, namespace, kubelet.node_name, same)
+            assert "cannot allocate all claims" in wait_unschedulable(cp, namespace, "same")
         return
     grants = prepared(cp, namespace, kubelet, nodedra_factory, near)
     assert granted(grants) <= read_topology(NODEDRA_SYSFS).nodes[3].cpus, grants
