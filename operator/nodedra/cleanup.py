@@ -31,14 +31,17 @@ from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SERI
 from nodedra.dra.names import CDI_CLASS, driver_name
 from nodedra.lib.locks import held_elsewhere
 from nodedra.policy import POLICIES
-from nodedra.quiet import RECORD, KernelWork, read_boot_id
+from nodedra.quiet import RECORD, SYSTEM_BUS, host_work, read_boot_id
 from nodedra.quiet.keeper import BOOT_ID, read_record
 from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME, Checkpoint, CheckpointError
 from nodedra.resmgr.ledger import reservations_of
 from nodedra.resmgr.nrirole import NRI_ROLE_LOCK
+from nodedra.topology.cpulist import parse_cpu_list
 
 OURS = (FILE_NAME, LEGACY_NAME, RECORD)
 """The state directory's files of nodedra's: the checkpoint, its note, the quiet CPUs' record."""
+ONLINE = Path("/sys/devices/system/cpu/online")
+"""The host's online CPUs (sysfs is the host's in a container too)."""
 DEFAULT_STATE_DIR = Path("/var/lib/nodedra")
 """The state directory of the manifests and the chart (NODEDRA_STATE_DIR)."""
 
@@ -68,6 +71,7 @@ class NodePaths:
     drivers: tuple[str, ...] = tuple(driver_name(policy) for policy in POLICIES)
     irq_dir: Path = Path("/proc/irq")
     workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
+    system_bus: Path = SYSTEM_BUS
     boot_id: Path = BOOT_ID
 
     def data_dirs(self) -> list[Path]:
@@ -179,12 +183,20 @@ def give_back_quiet(paths: NodePaths) -> list[str]:
     if not record.exists():
         return []
     originals = read_record(record, read_boot_id(paths.boot_id))
-    work = KernelWork(paths.irq_dir, paths.workqueue_dir)
+    work = host_work(online_cpus(), paths.irq_dir, paths.workqueue_dir, paths.system_bus)
     try:
         refused = work.restore(originals)
-    except OSError as err:
-        return [f"{paths.irq_dir}, {paths.workqueue_dir}: {err.strerror or err}"]
+    except (OSError, ValueError) as err:
+        return [f"{paths.irq_dir}, {paths.workqueue_dir}: {err}"]
     return [f"{work.describe(source)}: {why}" for source, why in refused.items()]
+
+
+def online_cpus(online: Path = ONLINE) -> frozenset[int]:
+    """The host's online CPUs, to which a slice given back is widened first (none if unreadable)."""
+    try:
+        return parse_cpu_list(online.read_text().strip())
+    except (OSError, ValueError):
+        return frozenset()
 
 
 def _remove(path: Path) -> bool:
@@ -312,7 +324,8 @@ def command(paths: NodePaths, out: TextIO, err: TextIO) -> int:
         print(
             f"nodedra cleanup: the host's work quietCPUs kept off claimed CPUs is still kept "
             f"off them (until the next boot): run the cleanup with the host's {paths.irq_dir} "
-            "and workqueue directory writable (deploy/overlays/quiet-cpus-cleanup/)",
+            "and workqueue directory writable and its system bus "
+            "(deploy/overlays/quiet-cpus-cleanup/)",
             file=err,
         )
     for path in report.left:

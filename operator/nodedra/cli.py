@@ -173,6 +173,7 @@ def cleanup(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         irq_dir=args.irq_dir,
         workqueue_dir=args.workqueue_dir,
+        system_bus=args.system_bus,
     )
     return command(paths, sys.stdout, sys.stderr)
 
@@ -258,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="remove nodedra's files from this node once nodedra no longer runs on it",
         description="Remove what nodedra wrote on this node: its checkpoint (state "
         "directory), its claims' CDI specs and device metadata, its lock files and sockets, "
-        "after giving back the CPUs quietCPUs took from the host's interrupts and workqueues; "
+        "after giving back the CPUs quietCPUs took from the host's interrupts, workqueues and "
+        "systemd's slices; "
         "print each path removed. Refuses while nodedra still runs here. Other vendors' "
         "files are never touched; running containers keep running.",
     )
@@ -275,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             defaults.workqueue_dir,
             "host's workqueue directory (quietCPUs)",
         ),
+        ("--system-bus", "NODEDRA_SYSTEM_BUS", defaults.system_bus, "system bus (quietCPUs)"),
     ):
         cleanup_parser.add_argument(
             flag,

@@ -205,7 +205,11 @@ def label(index: int) -> str:
     return letters
 
 
-QUIET_KINDS = (("interrupts", "device interrupts"), ("unboundWork", "unbound kernel work"))
+QUIET_KINDS = (
+    ("interrupts", "device interrupts"),
+    ("unboundWork", "unbound kernel work"),
+    ("hostProcesses", "host processes"),
+)
 """The kinds of host work in ``/status``'s ``quiet_cpus``, for people."""
 
 
@@ -261,9 +265,12 @@ class _Drawing:
             return
         yield ""
         claimed = quiet["claimed"] or "none"
-        yield f"quiet CPUs: {' and '.join(kinds)} kept off claimed CPUs {claimed}"
+        named = ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0]
+        yield f"quiet CPUs: {named} kept off claimed CPUs {claimed}"
         for left in quiet["left"]:
             yield f"  still on {left['cpus']}: {left['source']}: {left['why']}"
+        for kind, why in (quiet.get("unavailable") or {}).items():
+            yield f"  not kept off: {kind}: {why}"
 
     def grid(self) -> Iterator[str]:
         cpus = [cpu for n in self.map["numa_nodes"] for core in n["cores"] for cpu in core["cpus"]]

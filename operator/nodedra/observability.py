@@ -94,15 +94,31 @@ class StatusCounts:
 
 
 class _QuietCollector(Collector):
-    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(
+        self, status: Callable[[], Mapping[str, Any]], passes: Callable[[], tuple[int, float]]
+    ) -> None:
         self._status = status
+        self._passes = passes
 
     def collect(self) -> Iterable[Metric]:
+        count, seconds = self._passes()
+        yield CounterMetricFamily(
+            "nodedra_quiet_cpu_passes",
+            "Passes quietCPUs made over the host's work (one after each change of the claims "
+            "or of the configuration, and every 10 s).",
+            value=count,
+        )
+        yield CounterMetricFamily(
+            "nodedra_quiet_cpu_pass_seconds",
+            "Seconds those passes took: the time from a claim's change to its CPUs kept quiet.",
+            value=seconds,
+        )
         status = self._status()
         sources = GaugeMetricFamily(
             "nodedra_quiet_cpu_sources",
-            "Sources of the host's work (interrupts, workqueues) quietCPUs steers, by whether "
-            "they are kept off every claimed CPU (off_claims) or still may run on one (left).",
+            "Sources of the host's work (interrupts, workqueues, systemd's slices) quietCPUs "
+            "steers, by whether they are kept off every claimed CPU (off_claims) or still may "
+            "run on one (left).",
             labels=["state"],
         )
         left = len(status.get("left", ()))
@@ -296,9 +312,14 @@ class Metrics:
         )
         self.registry.register(_UsageCollector(usage))
 
-    def show_quiet_cpus(self, status: Callable[[], Mapping[str, Any]]) -> None:
-        """Show what ``quietCPUs`` keeps off the claimed CPUs (QuietKeeper.status)."""
-        self.registry.register(_QuietCollector(status))
+    def show_quiet_cpus(
+        self, status: Callable[[], Mapping[str, Any]], passes: Callable[[], tuple[int, float]]
+    ) -> None:
+        """Show what ``quietCPUs`` keeps off the claimed CPUs and the passes it made.
+
+        ``status`` is QuietKeeper.status; ``passes`` their count and seconds.
+        """
+        self.registry.register(_QuietCollector(status, passes))
 
     def count_claim_watch(
         self, counts: Callable[[], ClaimWatchCounts], status: Callable[[], StatusCounts]

@@ -30,7 +30,7 @@ from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
 from nodedra.preflight import Inputs, Preflight
-from nodedra.quiet import RECORD, KernelWork, QuietKeeper, read_boot_id
+from nodedra.quiet import RECORD, QuietKeeper, host_work, read_boot_id
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
 from nodedra.statuscopy import StatusCopy
@@ -220,7 +220,9 @@ class Runtime:
             extras=lambda: {"quiet_cpus": self.quiet.status()},
         )
         self.quiet = QuietKeeper(
-            KernelWork(settings.irq_dir, settings.workqueue_dir),
+            host_work(
+                policy.online_cpus(), settings.irq_dir, settings.workqueue_dir, settings.system_bus
+            ),
             self.manager.checkpoint.path.parent / RECORD,
             read_boot_id(),
             online=policy.online_cpus(),
@@ -229,7 +231,9 @@ class Runtime:
             on_status=self.status_copy.invalidate,
         )
         self.manager.on_claims_changed(self.quiet.request_update)
-        self.metrics.show_quiet_cpus(self.quiet.status)
+        self.metrics.show_quiet_cpus(
+            self.quiet.status, lambda: (self.quiet.passes, self.quiet.pass_seconds)
+        )
         self._stops: list[Callable[[], None]] = []
         """How to close the listeners opened, in the order opened."""
 

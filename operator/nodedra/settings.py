@@ -64,6 +64,7 @@ class Settings:
     kubelet_config: Path | None = None
     irq_dir: Path = Path("/proc/irq")
     workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
+    system_bus: Path = Path("/run/dbus/system_bus_socket")
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,12 @@ FLAGS = (
         "workqueue_dir",
         "NODEDRA_WORKQUEUE_DIR",
         "the host's /sys/devices/virtual/workqueue, written with quietCPUs.unboundWork",
+    ),
+    _Flag(
+        "system_bus",
+        "NODEDRA_SYSTEM_BUS",
+        "the host's D-Bus system bus socket, through which systemd is asked to keep its "
+        "slices off claimed CPUs (quietCPUs.hostProcesses)",
     ),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}

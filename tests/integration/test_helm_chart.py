@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from nodedra import __version__
+from nodedra.cleanup import NodePaths
 from nodedra.nri import PINNING_MODES
 from nodedra.policy import POLICIES, PolicyConfig, load_config
 from nodedra.policy.config import NUMAAttribute
@@ -480,9 +481,13 @@ def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_p
     """The value turns the feature on and mounts the host's files as deploy/overlays/quiet-cpus/
     does; without it nothing of the host's is writable."""
     chart = tools.template(
-        "nodedra", "--set", "quietCPUs.interrupts=true,quietCPUs.unboundWork=true"
+        "nodedra",
+        "--set",
+        "quietCPUs.interrupts=true,quietCPUs.unboundWork=true,quietCPUs.hostProcesses=true",
     )
-    assert config_of(chart, tmp_path).quiet == QuietKinds(interrupts=True, unbound_work=True)
+    assert config_of(chart, tmp_path).quiet == QuietKinds(
+        interrupts=True, unbound_work=True, host_processes=True
+    )
     settings = settings_of(chart)
     assert (settings.irq_dir, settings.workqueue_dir) == (
         Path("/host/proc/irq"),
@@ -494,13 +499,18 @@ def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_p
     ]
     assert not drift_report(daemonsets, overlay), drift_report(daemonsets, overlay)
     default = one(tools.template("nodedra"), "DaemonSet")["spec"]["template"]["spec"]["volumes"]
-    assert not {v["name"] for v in default} & {"irq", "workqueue"}
+    assert not {v["name"] for v in default} & {"irq", "workqueue", "system-bus"}
+    # Without hostProcesses, the system bus is not mounted.
+    kernel_only = one(tools.template("nodedra", "--set", "quietCPUs.interrupts=true"), "DaemonSet")
+    volumes = kernel_only["spec"]["template"]["spec"]["volumes"]
+    assert "system-bus" not in {v["name"] for v in volumes}
     # Its cleanup gives the host's work back: the same files, where `nodedra cleanup` looks.
     cleanup = one(tools.kustomize(OVERLAYS / "quiet-cpus-cleanup"), "DaemonSet")
     (init,) = cleanup["spec"]["template"]["spec"]["initContainers"]
     env = {e["name"]: e["value"] for e in init["env"]}
     mounts = {m["mountPath"] for m in init["volumeMounts"]}
     assert {env["NODEDRA_IRQ_DIR"], env["NODEDRA_WORKQUEUE_DIR"]} <= mounts
+    assert str(NodePaths().system_bus.parent) in mounts
 
 
 def test_options_node_allocatable_and_the_rest(tools: Tools, tmp_path: Path) -> None:

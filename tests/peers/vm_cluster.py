@@ -333,6 +333,12 @@ class VMCluster:
             raise AssertionError(f"no {name} on nodedra's /metrics ({status}):\n{text}")
         return value
 
+    def nodedra_restarts(self) -> int:
+        """How many times the kubelet started nodedra's container again."""
+        (pod,) = self.nodedra_pods()
+        count: int = pod["status"]["containerStatuses"][0]["restartCount"]
+        return count
+
     def wait_nodedra_ready(self, restarts: int | None = None, timeout: float = 600) -> None:
         """One nodedra pod, Ready (registered, slices published, NRI connected), its container
         restarted ``restarts`` times (any number when None)."""

@@ -82,6 +82,8 @@ PACKAGES: tuple[str, ...] = (
     "iproute2",
     "libseccomp2",
     "nftables",
+    # The system bus, on which systemd serves its API (nodedra's quietCPUs.hostProcesses).
+    "dbus",
 )
 
 #: The kernel flavour: the generic one (the cloud flavour has no 9p); the newest ABI of this

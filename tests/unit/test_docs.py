@@ -315,7 +315,7 @@ def metric_names() -> frozenset[str]:
     usage = NodeUsage(1, 0, {0: 0}, {0: 1}, pinning, {"DRANodeAllocatableResources": True})
     metrics = Metrics(lambda: usage)
     metrics.count_claim_watch(lambda: ClaimWatchCounts(0, 0, 0, 0), lambda: StatusCounts(0, 0, 0))
-    metrics.show_quiet_cpus(lambda: {"sources": 2, "left": [{}]})
+    metrics.show_quiet_cpus(lambda: {"sources": 2, "left": [{}]}, lambda: (3, 0.5))
     names = set()
     for family in metrics.registry.collect():
         names.add(family.name)

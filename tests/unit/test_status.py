@@ -594,3 +594,15 @@ def test_the_quiet_cpus_say_what_is_kept_off_the_claims_and_what_is_left(tmp_pat
         "  still on 2: IRQ 25 (virtio0-input.0): "
         "Input/output error (the kernel keeps it where it is)\n"
     ) in text
+    cpu_map["quiet_cpus"] |= {
+        "hostProcesses": True,
+        "unavailable": {"hostProcesses": "cannot reach the system bus at /run/dbus/x: refused"},
+    }
+    text = cpumap.render_text(cpu_map)
+    assert (
+        "\nquiet CPUs: device interrupts, unbound kernel work and host processes kept off "
+        "claimed CPUs 1-2,5\n"
+    ) in text
+    assert (
+        "\n  not kept off: hostProcesses: cannot reach the system bus at /run/dbus/x: refused\n"
+    ) in text

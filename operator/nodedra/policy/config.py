@@ -11,6 +11,7 @@ numaNodeAttribute:          # resource.kubernetes.io/numaNode, for constraints w
 quietCPUs:                  # the host's work kept off claimed CPUs (all off by default)
   interrupts: false         #   device interrupts (/proc/irq)
   unboundWork: false        #   unbound kernel workqueues
+  hostProcesses: false      #   systemd's slices but the pods' (system.slice, user.slice...)
 options:                    # per policy, see docs/configuration.md
   reservedMemory: 2Gi       # topology-aware: memory per NUMA node kept out of claims
   reservedHugepages:        # topology-aware: huge pages per NUMA node kept out of claims
@@ -34,7 +35,7 @@ from typing import Any
 import yaml
 
 from nodedra.lib.quantity import parse_quantity
-from nodedra.quiet.keeper import QuietKinds
+from nodedra.quiet.work import QuietKinds
 from nodedra.topology.cpulist import parse_cpu_list
 
 POLICIES = ("topology-aware", "static")
@@ -63,7 +64,11 @@ _TOP_LEVEL = (
     "quietCPUs",
     "options",
 )
-QUIET_KINDS = {"interrupts": "interrupts", "unboundWork": "unbound_work"}
+QUIET_KINDS = {
+    "interrupts": "interrupts",
+    "unboundWork": "unbound_work",
+    "hostProcesses": "host_processes",
+}
 """The keys of ``quietCPUs`` -> the fields of QuietKinds."""
 NUMA_FORMS = ("scalar", "list")
 """The forms of ``numaNodeAttribute``; the first is the default."""

@@ -1,7 +1,8 @@
 """Keeping the host's work off the CPUs that claims hold, as claims come and go.
 
-Opt-in per node (the configuration's ``quietCPUs``): device interrupts and unbound kernel
-work are narrowed to the CPUs no claim holds (:mod:`nodedra.quiet.kernelwork`). A thread of
+Opt-in per node (the configuration's ``quietCPUs``): device interrupts, unbound kernel work
+(:mod:`nodedra.quiet.kernelwork`) and the host's processes (:mod:`nodedra.quiet.slices`) are
+narrowed to the CPUs no claim holds. A thread of
 its own makes the writes, off the kubelet's time, whenever the committed claims change and
 whenever the configuration does; turning a kind off gives its sources back at once.
 
@@ -18,15 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nodedra.lib.durable import replace_file
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 
-from .kernelwork import KernelWork, Steered
+from .work import HostWork, QuietKinds, Steered
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,6 @@ PERIOD = 10.0
 """Seconds between two passes when nothing changed: interrupts set up since (a device
 hot-plugged) are steered too, and a source someone else widened again is narrowed again
 (the old instance of a rolling update gives everything back as it stops)."""
-
-
-@dataclass(frozen=True)
-class QuietKinds:
-    """Which kinds of host work are kept off claimed CPUs."""
-
-    interrupts: bool = False
-    unbound_work: bool = False
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -88,7 +81,7 @@ class QuietKeeper:
 
     def __init__(
         self,
-        work: KernelWork,
+        work: HostWork,
         record: Path,
         boot_id: str,
         *,
@@ -114,6 +107,10 @@ class QuietKeeper:
         """Held by a pass over the sources: one at a time."""
         self._broken = ""
         """Why nothing is steered (a record that cannot be read), if so."""
+        self.passes = 0
+        """Passes over the sources made (:meth:`update`)."""
+        self.pass_seconds = 0.0
+        """The time they took: how long after a claim's change its CPUs are quiet."""
 
     def start(self) -> None:
         """Take over what an earlier instance of this boot recorded, then steer.
@@ -147,28 +144,31 @@ class QuietKeeper:
         self._due.set()
         self._thread.join(timeout=30)
         with self._mu:
-            self._give_back(self._originals)
-            self._originals = {}
-            write_record(self._record, self._boot_id, {})
+            self._originals = self._give_back(self._originals)
+            write_record(self._record, self._boot_id, self._originals)
 
     def update(self) -> Steered:
         """One pass over the sources.
 
-        Give back those of kinds turned off, record the originals of new ones, then narrow
-        every source recorded to the CPUs no claim holds.
+        Give back those of kinds turned off (or gone), record the originals of new ones,
+        then narrow every source recorded to the CPUs no claim holds. A source that could
+        not be given back stays on record, and is tried again at the next pass.
         """
         with self._mu:
             if self._broken:
                 return Steered()
+            started = time.monotonic()
             kinds = self._kinds()
-            wanted = set(self._work.sources(kinds.interrupts, kinds.unbound_work))
+            wanted = set(self._work.sources(kinds))
             off = {s: cpus for s, cpus in self._originals.items() if s not in wanted}
             if off:
-                self._give_back(off)
-                self._originals = {s: c for s, c in self._originals.items() if s in wanted}
+                kept = self._give_back(off)
+                self._originals = {
+                    s: c for s, c in self._originals.items() if s in wanted or s in kept
+                }
             new = {}
             for source in sorted(wanted - set(self._originals)):
-                cpus = self._work.read(source)
+                cpus = self._work.original(source)
                 if cpus is not None:
                     new[source] = cpus
             if off or new or (self._originals and not self._record.exists()):
@@ -177,7 +177,9 @@ class QuietKeeper:
                 write_record(self._record, self._boot_id, self._originals | new)
                 self._originals |= new
             claimed = self._claimed()
-            steered = self._work.steer(self._originals, self._online - claimed)
+            steered = self._work.steer(
+                {s: c for s, c in self._originals.items() if s in wanted}, self._online - claimed
+            )
             status = self._report(kinds, claimed, steered)
             if status != self._status:
                 for left in status["left"]:
@@ -186,14 +188,17 @@ class QuietKeeper:
                     )
                 self._status = status
                 self._on_status()
+            self.passes += 1
+            self.pass_seconds += time.monotonic() - started
             return steered
 
     def status(self) -> dict[str, Any]:
         """For ``/status``: the kinds kept off claimed CPUs, and what is left on them.
 
         ``left`` names each source that may still run on a claimed CPU, on which, and why:
-        the kernel refused to move it, or what it was allowed before has no CPU outside
-        the claims (nodedra only narrows).
+        the host refused to move it, or what it was allowed before has no CPU outside the
+        claims (nodedra only narrows). ``unavailable`` names each kind turned on that this
+        node cannot steer, and why.
         """
         return self._status
 
@@ -202,7 +207,7 @@ class QuietKeeper:
     ) -> dict[str, Any]:
         left = []
         for source in self._originals:
-            cpus = self._work.read(source)
+            cpus = self._work.reach(source)
             on_claims = (cpus or frozenset()) & claimed
             if not on_claims:
                 continue
@@ -217,14 +222,19 @@ class QuietKeeper:
         return {
             "interrupts": kinds.interrupts,
             "unboundWork": kinds.unbound_work,
+            "hostProcesses": kinds.host_processes,
+            "unavailable": self._work.unavailable(kinds),
             "claimed": format_cpu_list(claimed),
             "sources": len(self._originals),
             "left": left,
         }
 
-    def _give_back(self, originals: Mapping[str, frozenset[int]]) -> None:
-        for source, why in self._work.restore(originals).items():
+    def _give_back(self, originals: Mapping[str, frozenset[int]]) -> dict[str, frozenset[int]]:
+        """Give ``originals`` back; those that could not be (kept on record)."""
+        refused = self._work.restore(originals)
+        for source, why in refused.items():
             log.warning("could not give %s its CPUs back: %s", self._work.describe(source), why)
+        return {s: originals[s] for s in refused}
 
     def _run(self) -> None:
         while True:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 
 from .cpumask import format_mask, parse_mask
+from .work import QuietKinds, Steered, steer_each
 
 DEFAULT_AFFINITY = "irq/default"
 """The source of interrupts set up later."""
@@ -31,18 +31,6 @@ def irq_source(number: str) -> str:
     return f"irq/{number}"
 
 
-@dataclass
-class Steered:
-    """What one pass over the sources did."""
-
-    narrowed: list[str] = field(default_factory=list)
-    """Sources now kept off the claimed CPUs (as before, or changed in this pass)."""
-    kept: list[str] = field(default_factory=list)
-    """Sources whose original has no CPU outside the claims: left on it."""
-    refused: dict[str, str] = field(default_factory=dict)
-    """Sources the kernel would not change, and why."""
-
-
 class KernelWork:
     """The sources of ``irq_dir`` (``/proc/irq``) and ``workqueue_dir``; either may be None."""
 
@@ -50,16 +38,34 @@ class KernelWork:
         self._irq_dir = irq_dir
         self._workqueue_dir = workqueue_dir
 
-    def sources(self, interrupts: bool, unbound_work: bool) -> list[str]:
+    def owns(self, source: str) -> bool:
+        """Interrupts and the workqueues are this kind's."""
+        return source.startswith("irq/") or source == WORKQUEUE
+
+    def sources(self, kinds: QuietKinds) -> list[str]:
         """The sources there are now, of the kinds asked for."""
         found = []
-        if interrupts and self._irq_dir is not None:
+        if kinds.interrupts and self._irq_dir is not None and self._irq_dir.is_dir():
             numbers = [p.name for p in self._irq_dir.iterdir() if p.name.isdigit()]
             found += [irq_source(n) for n in sorted(numbers, key=int)]
             found.append(DEFAULT_AFFINITY)
-        if unbound_work and self._workqueue_dir is not None:
+        if kinds.unbound_work and self._workqueue_dir is not None:
             found.append(WORKQUEUE)
         return found
+
+    def unavailable(self, kinds: QuietKinds) -> dict[str, str]:
+        """The interrupts, if asked for and the host's ``/proc/irq`` is not there."""
+        if kinds.interrupts and (self._irq_dir is None or not self._irq_dir.is_dir()):
+            return {"interrupts": f"{self._irq_dir} is not there (NODEDRA_IRQ_DIR)"}
+        return {}
+
+    def original(self, source: str) -> frozenset[int] | None:
+        """What the kernel has now: an interrupt's or the workqueues' CPUs."""
+        return self.read(source)
+
+    def reach(self, source: str) -> frozenset[int] | None:
+        """The same as :meth:`original`: the kernel's files say where the work may run."""
+        return self.read(source)
 
     def read(self, source: str) -> frozenset[int] | None:
         """The CPUs ``source`` may use now; None if it is gone (an interrupt freed)."""
@@ -72,18 +78,7 @@ class KernelWork:
 
     def steer(self, originals: Mapping[str, frozenset[int]], allowed: frozenset[int]) -> Steered:
         """Narrow each source of ``originals`` to its original CPUs that are ``allowed``."""
-        steered = Steered()
-        for source, original in originals.items():
-            target = original & allowed
-            if not target:
-                steered.kept.append(source)
-                target = original
-            why = self._write(source, target)
-            if why is not None:
-                steered.refused[source] = why
-            elif source not in steered.kept:
-                steered.narrowed.append(source)
-        return steered
+        return steer_each(originals, allowed, self._write)
 
     def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
         """Give each source its original CPUs back; the sources that refused, and why.

@@ -5,8 +5,9 @@ One cluster for the package (tests.peers.vm_cluster, the ``vm_cluster`` fixture 
 conftest): a control plane of its own on this machine and the guest joined to it. The modules
 run in order, each test going on from where the one before left the cluster:
 ``test_cluster`` deploys nodedra and pins a claim, ``test_hugepages`` claims huge pages,
-``test_quiet_cpus`` keeps the host's work off a claim's CPU, ``test_restarts`` restarts containerd,
-nodedra, and the whole guest (a reboot and a power cut). What counts is read inside the guest:
+``test_quiet_cpus`` keeps the host's work off a claim's CPU (and leaves that on),
+``test_restarts`` restarts containerd, nodedra, and the whole guest (a reboot and a power
+cut). What counts is read inside the guest:
 each container's ``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
 slice.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodedra.topology import parse_cpu_list
 from tests.peers.deployment import NAMESPACE
 from tests.peers.nodedra_node import TOPOLOGY_AWARE
 from tests.peers.pods import workload_pod
@@ -72,3 +74,24 @@ def edit_config(cluster: VMCluster, old: str, new: str) -> None:
         "-n", NAMESPACE, "annotate", "--overwrite", "pod", nodedra["metadata"]["name"],
         f"nodedra.test/config={config_map['metadata']['resourceVersion']}",
     )  # fmt: skip
+
+
+#: The guest's top-level units: the host's (narrowed) and the pods' (never).
+HOST_UNITS = ("system.slice", "init.scope")
+PODS_UNIT = "kubepods.slice"
+#: Host processes whose CPUs must follow their slice's: the node's own services.
+SERVICES = ("kubelet", "containerd")
+
+
+def host_processes(cluster: VMCluster) -> dict[str, frozenset[int]]:
+    """Each unit's AllowedCPUs (as systemd says, empty if unset) and each service's process'
+    allowed CPUs (as the kernel says)."""
+    found = {}
+    for unit in (*HOST_UNITS, PODS_UNIT):
+        value = cluster.vm.run(f"systemctl show -P AllowedCPUs {unit}").check().strip()
+        found[unit] = parse_cpu_list(value) if value else frozenset()
+    for service in SERVICES:
+        pid = cluster.vm.run(f"systemctl show -P MainPID {service}").check().strip()
+        line = cluster.vm.run(f"grep Cpus_allowed_list /proc/{pid}/status").check()
+        found[service] = parse_cpu_list(line.split(":")[1].strip())
+    return found

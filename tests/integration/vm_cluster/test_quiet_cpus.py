@@ -1,33 +1,56 @@
-"""Quiet CPUs on the guest: device interrupts and unbound kernel work keep off a claim's CPU.
+"""Quiet CPUs on the guest: device interrupts, unbound kernel work and the host's processes
+keep off a claim's CPU.
 
 nodedra is deployed from deploy/overlays/quiet-cpus/ (the host's /proc/irq and workqueue directory
-mounted writable); this module turns ``quietCPUs`` on in the running deployment's ConfigMap,
-claims a CPU of NUMA node 1, and reads the guest's own files: each interrupt's
-``smp_affinity_list``, ``/proc/irq/default_smp_affinity`` and the workqueues' ``cpumask``.
-Interrupts the kernel manages itself (the virtio queues') refuse, and nodedra's ``/status``
-must name each of them. Runs after test_cluster and test_hugepages, and leaves the feature off
-and no claim behind for test_restarts.
+mounted writable, its /run/dbus); this module turns ``quietCPUs`` on in the running deployment's
+ConfigMap, claims a CPU of NUMA node 1, and reads the guest's own files: each interrupt's
+``smp_affinity_list``, ``/proc/irq/default_smp_affinity``, the workqueues' ``cpumask``, what
+systemd says of its top-level units' ``AllowedCPUs``, and where the kubelet's and containerd's
+processes may run. Interrupts the kernel manages itself (the virtio queues') refuse, and
+nodedra's ``/status`` must name each of them. The noise probe runs in the claim's container
+with the feature off, then on. The feature is turned off live (everything given back) and
+on again, and the claim released. Runs after test_cluster and test_hugepages, and leaves the
+feature on and no claim behind for test_restarts (which kills nodedra and reboots the guest
+with it on).
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodedra.quiet.cpumask import parse_mask
 from nodedra.topology import parse_cpu_list
-from tests.integration.vm_cluster import CLAIMS, TEST_NAMESPACE, claim_pod, edit_config, numa1_claim
+from tests.integration.vm_cluster import (
+    CLAIMS,
+    HOST_UNITS,
+    PODS_UNIT,
+    SERVICES,
+    TEST_NAMESPACE,
+    claim_pod,
+    edit_config,
+    host_processes,
+    numa1_claim,
+)
 from tests.peers.cluster import poll
-from tests.peers.pods import create_pod, wait_pod_running
+from tests.peers.noise import Window, measure, write_results
+from tests.peers.pods import container_id, create_pod, wait_pod_running
+from tests.peers.vm import MACHINE_ARGS
 from tests.peers.vm_cluster import VMCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
 #: The deployed file's example, commented out, and the same in force.
-OFF = "# quietCPUs:\n#   interrupts: true\n#   unboundWork: true"
-ON = "quietCPUs:\n  interrupts: true\n  unboundWork: true"
+OFF = "# quietCPUs:\n#   interrupts: true\n#   unboundWork: true\n#   hostProcesses: true"
+ON = "quietCPUs:\n  interrupts: true\n  unboundWork: true\n  hostProcesses: true"
 RECORD = "/var/lib/nodedra/quiet-cpus.json"
+#: The noise probe's window, seconds: 5 in the test run (the assertions count interrupts and
+#: tasks, which need no longer), 10 for tox -e bench-quiet's figures.
+PROBE_SECONDS = float(os.environ.get("NODEDRA_NOISE_SECONDS") or 5)
 REFUSED = "Input/output error (the kernel keeps it where it is)"
 ONLY_THERE = "allowed no CPU outside the claims before"
 READ_SOURCES = (
@@ -52,21 +75,32 @@ def quiet_status(cluster: VMCluster) -> dict[str, Any]:
     return status
 
 
-def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster) -> None:
-    cp = deployed.cp
-    before = sources(deployed)
-    edit_config(deployed, OFF, ON)
+def turn(cluster: VMCluster, old: str, new: str, on: bool) -> None:
+    """quietCPUs turned on or off in the ConfigMap, nodedra's /status saying so, and (off)
+    its record gone."""
+    edit_config(cluster, old, new)
     poll(
-        lambda: True if quiet_status(deployed).get("interrupts") else None,
+        lambda: True if bool(quiet_status(cluster).get("interrupts")) is on else None,
         120,
-        lambda: f"quietCPUs on in nodedra's /status:\n{deployed.nodedra_logs()}",
+        lambda: (
+            f"quietCPUs {'on' if on else 'off'} in nodedra's /status:\n{cluster.nodedra_logs()}"
+        ),
         2.0,
     )
+    if not on:  # everything given back: nothing left on record
+        poll(
+            lambda: True if cluster.vm.run(f"test -e {RECORD}").returncode else None,
+            120,
+            lambda: f"quietCPUs off, its record gone:\n{cluster.nodedra_logs()}",
+            2.0,
+        )
 
-    cp.request("POST", CLAIMS, numa1_claim("quiet"))
-    create_pod(cp, TEST_NAMESPACE, claim_pod("quiet", "quiet"))
-    pod = wait_pod_running(cp, TEST_NAMESPACE, "quiet", timeout=300)
-    (cpu,) = parse_cpu_list(deployed.allowed(pod, "workload")[0])
+
+def assert_kept_off(
+    deployed: VMCluster, cpu: int, before: dict[str, frozenset[int]]
+) -> dict[str, Any]:
+    """The kernel's sources narrowed off ``cpu`` (those that can be) and /status naming the
+    rest, with why; the status."""
 
     def kept_off() -> tuple[dict[str, frozenset[int]], dict[str, Any]] | None:
         status = quiet_status(deployed)
@@ -98,7 +132,93 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
         len(named),
     ]
     print(f"[vm] quiet CPU {cpu}: {len(moved)} interrupts moved off; left there: {status['left']}")
+    return status
 
+
+def assert_quiet(deployed: VMCluster, noisy: Window, quiet: Window, status: dict[str, Any]) -> None:
+    """The probe's windows, quietCPUs off and on, reported (and kept, for tox -e
+    bench-quiet); on, the claimed CPU had only what /status names as left."""
+    results = os.environ.get("NODEDRA_NOISE_RESULTS")
+    if results:  # tox -e bench-quiet: the figures kept
+        about = {
+            "probe_seconds": PROBE_SECONDS,
+            "node": "the VM node: QEMU TCG, " + " ".join(MACHINE_ARGS[2:6]),
+            "kernel": deployed.vm.run("uname -r").check().strip(),
+            "left_named_by_nodedra": status["left"],
+        }
+        write_results(Path(results), {"quietCPUs off": noisy, "quietCPUs on": quiet}, about)
+    print(f"[vm] noise probe, quietCPUs off: {json.dumps(noisy.summary())}")
+    print(f"[vm] noise probe, quietCPUs on: {json.dumps(quiet.summary())}")
+    passes = deployed.metric("nodedra_quiet_cpu_passes_total")
+    seconds = deployed.metric("nodedra_quiet_cpu_pass_seconds_total")
+    assert passes >= 1
+    each = seconds / passes * 1000
+    print(f"[vm] quietCPUs: {passes:.0f} passes since the restart, {each:.1f} ms each")
+    # On: no device interrupt there but those named as left, no task but kernel threads
+    # (named: the CPU's own, and those the kernel runs near the work it follows, as the
+    # disk's journal thread after the disk's interrupt); and the load ran (the disk's and the
+    # network's interrupts counted on the other CPUs).
+    left_irqs = {entry["source"].split()[1] for entry in status["left"]}
+    assert {line.split()[0] for line in quiet.device_interrupts} <= left_irqs, quiet.summary()
+    assert quiet.foreign == quiet.kernel_threads, quiet.summary()
+    others = set(quiet.kernel_threads) - set(quiet.cpu_kernel_threads)
+    print(f"[vm] quietCPUs on: kernel threads not bound to CPU {quiet.cpu}: {sorted(others)}")
+    for window in (noisy, quiet):
+        assert window.load_interrupts, window.summary()
+
+
+def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster) -> None:
+    cp = deployed.cp
+    before = sources(deployed)
+    processes_before = host_processes(deployed)
+    online = processes_before["kubelet"]
+    assert processes_before == {
+        **dict.fromkeys(HOST_UNITS, frozenset()),
+        PODS_UNIT: processes_before[PODS_UNIT],  # the kubelet's own setting
+        **dict.fromkeys(SERVICES, online),
+    }
+    cp.request("POST", CLAIMS, numa1_claim("quiet"))
+    create_pod(cp, TEST_NAMESPACE, claim_pod("quiet", "quiet"))
+    pod = wait_pod_running(cp, TEST_NAMESPACE, "quiet", timeout=300)
+    (cpu,) = parse_cpu_list(deployed.allowed(pod, "workload")[0])
+    # The node as it is today: the claim's CPU kept from other containers only.
+    noisy = measure(deployed, container_id(pod), cpu, PROBE_SECONDS)
+
+    turn(deployed, OFF, ON, on=True)
+
+    status = assert_kept_off(deployed, cpu, before)
+    # The host's processes: systemd keeps its slices (the kubelet's and containerd's too) off
+    # the CPU; the pods' slice is left to the pinning.
+    narrowed = {
+        **dict.fromkeys(HOST_UNITS, online - {cpu}),
+        PODS_UNIT: processes_before[PODS_UNIT],
+        **dict.fromkeys(SERVICES, online - {cpu}),
+    }
+    poll(
+        lambda: True if host_processes(deployed) == narrowed else None,
+        120,
+        lambda: f"off CPU {cpu}: {host_processes(deployed)}\n{quiet_status(deployed)}",
+        2.0,
+    )
+    status = quiet_status(deployed)
+    assert (status["hostProcesses"], status["unavailable"]) == (True, {}), status
+
+    quiet = measure(deployed, container_id(pod), cpu, PROBE_SECONDS)
+    assert_quiet(deployed, noisy, quiet, status)
+
+    # Turned off live, the claim still held: everything as before, the record gone.
+    turn(deployed, ON, OFF, on=False)
+    assert sources(deployed) == before
+    assert host_processes(deployed) == processes_before
+
+    # On again, then the claim released: everything as before, the originals kept on record.
+    turn(deployed, OFF, ON, on=True)
+    poll(
+        lambda: True if host_processes(deployed) == narrowed else None,
+        120,
+        lambda: f"narrowed again: {host_processes(deployed)}\n{quiet_status(deployed)}",
+        2.0,
+    )
     cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/quiet")
     cp.request("DELETE", f"{CLAIMS}/quiet")
     poll(
@@ -107,13 +227,5 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
         lambda: f"every source back as before:\n{sources(deployed)}\n{before}",
         2.0,
     )
+    assert host_processes(deployed) == processes_before
     assert deployed.vm.run(f"test -e {RECORD}").returncode == 0, "on: the originals kept"
-
-    edit_config(deployed, ON, OFF)
-    poll(
-        lambda: True if deployed.vm.run(f"test -e {RECORD}").returncode else None,
-        120,
-        lambda: f"quietCPUs off, its record gone:\n{deployed.nodedra_logs()}",
-        2.0,
-    )
-    assert sources(deployed) == before

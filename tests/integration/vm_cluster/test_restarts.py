@@ -2,10 +2,11 @@
 a claim is being prepared.
 
 With nodedra deployed and no other claim held (test_cluster gives its claim back), the keeper
-pod holds a claim on NUMA node 1 through all of them and must come out of
-each on the CPU and memory node its claim was given. What survives what: nodedra's checkpoint
-(``/var/lib/nodedra``) and the kubelet's (``/var/lib/kubelet``) are on the guest's disk, the
-CDI specs (``/var/run/cdi``) on its tmpfs, gone at every boot.
+pod holds a claim on NUMA node 1 through all of them and must come out of each on the CPU and
+memory node its claim was given. quietCPUs is on (test_quiet_cpus left it so): the host's
+processes keep off the keeper's CPU across nodedra's death and the reboot. What survives
+what: nodedra's checkpoint (``/var/lib/nodedra``) and the kubelet's (``/var/lib/kubelet``)
+are on the guest's disk, the CDI specs (``/var/run/cdi``) on its tmpfs, gone at every boot.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import pytest
 from nodedra.lib.faults import CRASH_AT, PREPARE_CHECKPOINT
 from nodedra.resmgr.checkpoint import FILE_NAME, Checkpoint
 from nodedra.topology import format_cpu_list, parse_cpu_list
-from tests.integration.vm_cluster import CLAIMS, TEST_NAMESPACE, claim_pod, numa1_claim
+from tests.integration.vm_cluster import (
+    CLAIMS,
+    HOST_UNITS,
+    SERVICES,
+    TEST_NAMESPACE,
+    claim_pod,
+    host_processes,
+    numa1_claim,
+)
 from tests.peers.cluster import get_pod, poll
 from tests.peers.deployment import NAMESPACE, ToolError, rollout_status
 from tests.peers.pods import container_id, create_pod, wait_pod_running
@@ -67,6 +76,23 @@ def assert_in_place(cluster: VMCluster, pinned: dict[str, Placement]) -> None:
     cluster.wait_allowed(NAMESPACE, nodedra["metadata"]["name"], "nodedra", shared)
 
 
+def assert_host_processes_off(cluster: VMCluster, cpus: str) -> None:
+    """systemd's slices (and the kubelet and containerd in them) on every CPU but ``cpus``:
+    quietCPUs at work (the pods' slice is the kubelet's, test_quiet_cpus shows it untouched)."""
+    off = frozenset(range(4)) - parse_cpu_list(cpus)
+    want = dict.fromkeys((*HOST_UNITS, *SERVICES), off)
+
+    def host() -> dict[str, frozenset[int]]:
+        return {k: v for k, v in host_processes(cluster).items() if k in want}
+
+    poll(
+        lambda: True if host() == want else None,
+        120,
+        lambda: f"host processes off {cpus}: {host()}\n{cluster.nodedra_logs()}",
+        2.0,
+    )
+
+
 def _newest_nodedra_status(cluster: VMCluster) -> dict[str, Any]:
     """The container status of the newest nodedra pod (``{}`` before it has one)."""
     statuses = cluster.nodedra_pods()[-1]["status"].get("containerStatuses") or [{}]
@@ -102,10 +128,15 @@ def test_nodedra_killed_comes_back_holding_its_claim(
     deployed: VMCluster, keeper: Placement
 ) -> None:
     """SIGKILL, as the OOM killer sends it: the kubelet starts nodedra's container again,
-    which takes its claim back from the checkpoint."""
+    which takes its claim back from the checkpoint. What quietCPUs narrowed stays narrowed
+    meanwhile, and the new one goes on from its record."""
+    assert_host_processes_off(deployed, keeper[0])
     (pod,) = deployed.nodedra_pods()
+    restarts = deployed.nodedra_restarts()
     deployed.vm.run(f"kill -KILL {deployed.pid(pod, 'nodedra')}").check()
-    deployed.wait_nodedra_ready(restarts=1)
+    assert_host_processes_off(deployed, keeper[0])
+    deployed.wait_nodedra_ready(restarts=restarts + 1)
+    assert_host_processes_off(deployed, keeper[0])
     assert deployed.metric("nodedra_claims_held") == 1
     assert deployed.metric("nodedra_cpus_allocated", NUMA1) == 1
     assert_in_place(deployed, {"keeper": keeper})
@@ -124,7 +155,9 @@ def test_after_a_reboot_every_pod_runs_again_on_its_claim(
 ) -> None:
     """``systemctl reboot``: the disk kept, /run fresh. The kubelet prepares the keeper's
     claim again (its checkpoint keeps the claim, not that it was prepared); nodedra, holding
-    it in its checkpoint, gives the same CPU and writes the CDI spec the reboot took."""
+    it in its checkpoint, gives the same CPU and writes the CDI spec the reboot took. The
+    boot gave systemd its defaults back; nodedra drops the record of the boot before and
+    keeps the host's processes off the claim again."""
     vm = deployed.vm
     claim = deployed.cp.request("GET", f"{CLAIMS}/keeper")
     spec = f"/var/run/cdi/*{claim['metadata']['uid']}.yaml"
@@ -157,6 +190,7 @@ def test_after_a_reboot_every_pod_runs_again_on_its_claim(
     print(f"[vm] since the boot the kubelet had {prepares:.0f} claim(s) prepared")
     assert prepares >= 1, "the CDI spec is back without a prepare"
     assert deployed.nodedra_get("/readyz")[0] == 200
+    assert_host_processes_off(deployed, keeper[0])
 
 
 def test_a_power_cut_while_a_claim_is_prepared_gives_nothing_twice(

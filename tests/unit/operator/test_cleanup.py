@@ -319,3 +319,18 @@ def test_without_the_host_s_files_the_record_stays_and_says_so(
     assert f"left {node.state_dir / RECORD}: what the host's work had before" in out
     assert "deploy/overlays/quiet-cpus-cleanup/" in err
     assert read_record(node.state_dir / RECORD, "boot-1")
+
+
+def test_without_the_system_bus_a_narrowed_slice_is_named_and_kept_on_record(
+    node: NodePaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slice nodedra narrowed is given back through systemd: where the system bus is not
+    mounted, the slice is named as still narrowed and the record stays."""
+    paths = replace(quiet_host(node, tmp_path), system_bus=tmp_path / "no-bus")
+    record = read_record(node.state_dir / RECORD, "boot-1")
+    write_record(node.state_dir / RECORD, "boot-1", {**record, "unit/system.slice": frozenset()})
+    assert command(paths, sys.stdout, sys.stderr) == 0
+    out, _ = capsys.readouterr()
+    assert (tmp_path / "irq" / "24" / "smp_affinity_list").read_text() == "0-3"
+    assert "not given back: system.slice (host processes): cannot reach the system bus" in out
+    assert read_record(node.state_dir / RECORD, "boot-1")["unit/system.slice"] == frozenset()

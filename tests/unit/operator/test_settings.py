@@ -72,6 +72,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_KUBELET_CONFIG": "/kubelet/config.yaml",
         "NODEDRA_IRQ_DIR": "/host/proc/irq",
         "NODEDRA_WORKQUEUE_DIR": "/host/wq",
+        "NODEDRA_SYSTEM_BUS": "/host/bus",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -91,6 +92,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         Path("/kubelet/config.yaml"),
     )
     assert (settings.irq_dir, settings.workqueue_dir) == (Path("/host/proc/irq"), Path("/host/wq"))
+    assert settings.system_bus == Path("/host/bus")
     assert load_settings(None, to_environ(settings)) == settings
 
 

@@ -12,6 +12,9 @@
 // WORKLOAD_HUGEPAGES set (byte counts, comma-separated), the start report says whether each
 // amount of huge pages could be mapped and touched (see hugepages.go). It sleeps until
 // SIGTERM or SIGINT and then exits 0.
+//
+// `workload noise SECONDS` (run in a running container, e.g. by ctr task exec) is the noise
+// probe instead: see noise.go.
 package main
 
 import (
@@ -55,6 +58,13 @@ type cpusetCgroup struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "noise" {
+		if err := noise(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "workload:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	interval, err := reportInterval()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "workload:", err)
