@@ -188,6 +188,8 @@ def give_back_quiet(paths: NodePaths) -> list[str]:
         refused = work.restore(originals)
     except (OSError, ValueError) as err:
         return [f"{paths.irq_dir}, {paths.workqueue_dir}: {err}"]
+    finally:
+        work.close()
     return [f"{work.describe(source)}: {why}" for source, why in refused.items()]
 
 

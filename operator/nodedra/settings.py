@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
+from nodedra.quiet import SYSTEM_BUS
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
 KUBELET_STATE_FILE = "/var/lib/kubelet/cpu_manager_state"
@@ -64,7 +65,7 @@ class Settings:
     kubelet_config: Path | None = None
     irq_dir: Path = Path("/proc/irq")
     workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
-    system_bus: Path = Path("/run/dbus/system_bus_socket")
+    system_bus: Path = SYSTEM_BUS
 
 
 @dataclass(frozen=True)

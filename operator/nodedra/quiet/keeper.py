@@ -146,6 +146,7 @@ class QuietKeeper:
         with self._mu:
             self._originals = self._give_back(self._originals)
             write_record(self._record, self._boot_id, self._originals)
+            self._work.close()
 
     def update(self) -> Steered:
         """One pass over the sources.
@@ -207,7 +208,8 @@ class QuietKeeper:
     ) -> dict[str, Any]:
         left = []
         for source in self._originals:
-            cpus = self._work.reach(source)
+            # Read again only those not written in this pass (given back, kept on record).
+            cpus = steered.reach[source] if source in steered.reach else self._work.reach(source)
             on_claims = (cpus or frozenset()) & claimed
             if not on_claims:
                 continue

@@ -18,7 +18,7 @@ from pathlib import Path
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 
 from .cpumask import format_mask, parse_mask
-from .work import QuietKinds, Steered, steer_each
+from .work import QuietKinds, Steered, Written, steer_each
 
 DEFAULT_AFFINITY = "irq/default"
 """The source of interrupts set up later."""
@@ -92,25 +92,28 @@ class KernelWork:
             if directory is None or not directory.is_dir():
                 refused[source] = f"{directory} is not there"
                 continue
-            why = self._write(source, original)
+            _, why = self._write(source, original)
             if why is not None:
                 refused[source] = why
         return refused
 
-    def _write(self, source: str, cpus: frozenset[int]) -> str | None:
-        """Write ``cpus`` to ``source`` unless it has them already; why not, if it refused."""
+    def close(self) -> None:
+        """Nothing is held open: each file is opened for one read or write."""
+
+    def _write(self, source: str, cpus: frozenset[int]) -> Written:
+        """Write ``cpus`` to ``source`` unless it has them already."""
         current = self.read(source)
         if current is None or current == cpus:
-            return None
+            return current, None
         path, is_mask = self._file(source)
         try:
             self._put(path, format_mask(cpus) if is_mask else format_cpu_list(cpus))
         except FileNotFoundError:
-            return None
+            return None, None
         except OSError as err:
             kept = " (the kernel keeps it where it is)" if err.errno == errno.EIO else ""
-            return f"{err.strerror or err}{kept}"
-        return None
+            return current, f"{err.strerror or err}{kept}"
+        return cpus, None
 
     def _put(self, path: Path, text: str) -> None:
         """One write of ``text``, as the kernel wants it (OSError if it refuses)."""

@@ -19,8 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .systemd import SYSTEM_BUS, Systemd, SystemdError, Unit
-from .work import QuietKinds, Steered, steer_each
+from .systemd import (
+    SYSTEM_BUS,
+    NoSuchUnitError,
+    Systemd,
+    SystemdError,
+    SystemdReplyError,
+    Unit,
+)
+from .work import QuietKinds, Steered, Written, steer_each
 
 PREFIX = "unit/"
 """Sources of this kind are named ``unit/<name>``."""
@@ -87,7 +94,8 @@ class HostProcesses:
             units = self._systemd().units()
             found = [u for u in units if self._is_top_level(u)]
         except SystemdError as err:
-            self._drop(err)
+            self._why = str(err)
+            self.close()
             return []
         self._why = ""
         self._units = {u.name: u for u in found}
@@ -102,7 +110,10 @@ class HostProcesses:
         if unit.name.endswith(".slice"):
             return "-" not in unit.name.removesuffix(".slice")
         if unit.name not in self._parents:
-            self._parents[unit.name] = self._systemd().parent(unit)
+            try:
+                self._parents[unit.name] = self._systemd().parent(unit)
+            except SystemdReplyError:
+                return False  # gone since listed: the kubelet's mounts run in such scopes
         return self._parents[unit.name] == ROOT_SLICE
 
     def unavailable(self, kinds: QuietKinds) -> dict[str, str]:
@@ -116,8 +127,9 @@ class HostProcesses:
         try:
             return self._systemd().allowed_cpus(unit)
         except SystemdError as err:
-            self._drop(err)
-            return None
+            if not isinstance(err, SystemdReplyError):
+                self.close()  # the next call opens another connection
+            return None  # recorded at the next pass, if it is still there
 
     def reach(self, source: str) -> frozenset[int] | None:
         allowed = self.original(source)
@@ -130,7 +142,7 @@ class HostProcesses:
     def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
         refused = {}
         for source, original in originals.items():
-            why = self._write(source, original)
+            _, why = self._write(source, original)
             if why is not None:
                 refused[source] = why
         return refused
@@ -138,41 +150,40 @@ class HostProcesses:
     def describe(self, source: str) -> str:
         return f"{source.removeprefix(PREFIX)} (host processes)"
 
-    def _write(self, source: str, cpus: frozenset[int]) -> str | None:
-        """Set the unit's ``AllowedCPUs`` to ``cpus`` unless it has them; why not, if not.
+    def _write(self, source: str, cpus: frozenset[int]) -> Written:
+        """Set the unit's ``AllowedCPUs`` to ``cpus`` unless it has them already.
 
         Unsetting it (``cpus`` empty) first sets every CPU: systemd stops writing the cgroup's
         cpuset once the setting is gone, and would leave the narrowed one in the kernel (the
-        unit's processes kept off the CPUs given back).
+        unit's processes kept off the CPUs given back). A unit no longer loaded is gone; one
+        systemd fails on is refused with its answer, and the others go on (over a new
+        connection if the bus failed).
         """
         name = source.removeprefix(PREFIX)
+        unit = self._units.get(name)
+        current: frozenset[int] | None = None
         try:
             systemd = self._systemd()
-            unit = self._units.get(name)
-            if unit is not None and systemd.allowed_cpus(unit) == cpus:
-                return None
-            if not cpus and self._online:
-                systemd.set_allowed_cpus(name, self._online)
-            systemd.set_allowed_cpus(name, cpus)
+            current = None if unit is None else systemd.allowed_cpus(unit)
+            if current != cpus:
+                if not cpus and self._online:
+                    systemd.set_allowed_cpus(name, self._online)
+                systemd.set_allowed_cpus(name, cpus)
+        except NoSuchUnitError:
+            return None, None  # gone: nothing runs there, nothing to give back
         except SystemdError as err:
-            self._drop(err)
-            return str(err)
-        return None
+            if not isinstance(err, SystemdReplyError):
+                self.close()  # the next call opens another connection
+            return (current or self._online), str(err)  # unread, it may run anywhere
+        return cpus or self._online, None
 
     def _systemd(self) -> Systemd:
         if self._bus is None:
             self._bus = self._connect(self._bus_path)
         return self._bus
 
-    def _drop(self, err: SystemdError) -> None:
-        """Forget the connection (the next call opens another) and remember why."""
-        self._why = str(err)
-        if self._bus is not None:
-            self._bus.__exit__(None, None, None)
-            self._bus = None
-
     def close(self) -> None:
-        """Close the connection, if open."""
+        """Close the connection, if open (the next call opens another)."""
         if self._bus is not None:
             self._bus.__exit__(None, None, None)
             self._bus = None

@@ -49,6 +49,17 @@ class SystemdError(Exception):
     """The system bus or systemd did not do what was asked (the message says what)."""
 
 
+class SystemdReplyError(SystemdError):
+    """systemd (or the bus) answered this one call with an error: the connection is fine."""
+
+
+class NoSuchUnitError(SystemdReplyError):
+    """systemd has no such unit (a transient scope gone since it was listed)."""
+
+
+NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+
+
 @dataclass(frozen=True)
 class Unit:
     """A loaded unit, as ListUnits names it."""
@@ -56,8 +67,6 @@ class Unit:
     name: str
     path: str
     active: str
-    parent: str = ""
-    """Its slice (``-.slice`` for the top-level ones); read on demand, "" if not read."""
 
 
 def to_bitmask(cpus: Iterable[int]) -> bytes:
@@ -131,7 +140,8 @@ class Systemd:
         if reply.header.message_type == MessageType.error:
             name = reply.header.fields.get(HeaderFields.error_name, "an error")
             text = reply.body[0] if reply.body else ""
-            raise SystemdError(f"{doing}: systemd answered {name}: {text}")
+            kind = NoSuchUnitError if name == NO_SUCH_UNIT else SystemdReplyError
+            raise kind(f"{doing}: systemd answered {name}: {text}")
         return tuple(reply.body)
 
 

@@ -32,27 +32,35 @@ class Steered:
     """Sources whose original has no CPU outside the claims: left on it."""
     refused: dict[str, str] = field(default_factory=dict)
     """Sources the host would not change, and why."""
+    reach: dict[str, frozenset[int] | None] = field(default_factory=dict)
+    """The CPUs each source steered may run on after the pass (None: it is gone), as the
+    write found or left them: the report needs no second read."""
 
     def add(self, other: Steered) -> None:
         """Take in what ``other`` did."""
         self.narrowed += other.narrowed
         self.kept += other.kept
         self.refused |= other.refused
+        self.reach |= other.reach
+
+
+Written = tuple[frozenset[int] | None, str | None]
+"""What one write did: the CPUs the source may run on now (None: it is gone), and why the
+host refused it (None: it did not)."""
 
 
 def steer_each(
     originals: Mapping[str, frozenset[int]],
     allowed: frozenset[int],
-    write: Callable[[str, frozenset[int]], str | None],
+    write: Callable[[str, frozenset[int]], Written],
     unrestricted: frozenset[int] = frozenset(),
 ) -> Steered:
     """Narrow each source to what of its original is ``allowed``.
 
-    ``write`` sets a source's CPUs and returns None, or why the host refused. An empty
-    original means no restriction, ``unrestricted`` (a slice without ``AllowedCPUs``); where
-    nothing is taken away the original itself is written, so such a source is unrestricted
-    again, not set to every CPU by name. A source whose original has no CPU ``allowed``
-    keeps it.
+    ``write`` sets a source's CPUs (:data:`Written`). An empty original means no
+    restriction, ``unrestricted`` (a slice without ``AllowedCPUs``); where nothing is taken
+    away the original itself is written, so such a source is unrestricted again, not set to
+    every CPU by name. A source whose original has no CPU ``allowed`` keeps it.
     """
     steered = Steered()
     for source, original in originals.items():
@@ -60,7 +68,8 @@ def steer_each(
         target = base & allowed
         if not target:
             steered.kept.append(source)
-        why = write(source, target if target and target != base else original)
+        reach, why = write(source, target if target and target != base else original)
+        steered.reach[source] = reach
         if why is not None:
             steered.refused[source] = why
         elif target:
@@ -99,6 +108,9 @@ class HostWork(Protocol):
     def describe(self, source: str) -> str:
         """``source`` for people."""
 
+    def close(self) -> None:
+        """Let go of what the kind holds open (a connection), once nodedra stops."""
+
 
 class AllWork:
     """Several kinds of host work as one: each source goes to the kind that owns it."""
@@ -135,6 +147,10 @@ class AllWork:
 
     def describe(self, source: str) -> str:
         return self._owner(source).describe(source)
+
+    def close(self) -> None:
+        for work in self._works:
+            work.close()
 
     def _owner(self, source: str) -> HostWork:
         for work in self._works:

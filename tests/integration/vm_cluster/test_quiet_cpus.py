@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +168,33 @@ def assert_quiet(deployed: VMCluster, noisy: Window, quiet: Window, status: dict
         assert window.load_interrupts, window.summary()
 
 
-def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster) -> None:
+def wait_host_processes(deployed: VMCluster, want: dict[str, frozenset[int]], what: str) -> None:
+    """Until systemd's units and the services' processes are on ``want``."""
+    poll(
+        lambda: True if host_processes(deployed) == want else None,
+        120,
+        lambda: f"{what}: {host_processes(deployed)}\n{quiet_status(deployed)}",
+        2.0,
+    )
+
+
+@pytest.fixture
+def quiet_pod(deployed: VMCluster) -> Iterator[dict[str, Any]]:
+    """The pod ``quiet`` running with its claim (quietCPUs still off); both deleted
+    afterwards if the test did not, so that a failure leaves test_restarts no claim."""
     cp = deployed.cp
+    cp.request("POST", CLAIMS, numa1_claim("quiet"))
+    create_pod(cp, TEST_NAMESPACE, claim_pod("quiet", "quiet"))
+    yield wait_pod_running(cp, TEST_NAMESPACE, "quiet", timeout=300)
+    cp.delete_if_present(f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/quiet")
+    cp.delete_if_present(f"{CLAIMS}/quiet")
+
+
+def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(
+    deployed: VMCluster, quiet_pod: dict[str, Any]
+) -> None:
+    cp = deployed.cp
+    pod = quiet_pod
     before = sources(deployed)
     processes_before = host_processes(deployed)
     online = processes_before["kubelet"]
@@ -177,9 +203,6 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
         PODS_UNIT: processes_before[PODS_UNIT],  # the kubelet's own setting
         **dict.fromkeys(SERVICES, online),
     }
-    cp.request("POST", CLAIMS, numa1_claim("quiet"))
-    create_pod(cp, TEST_NAMESPACE, claim_pod("quiet", "quiet"))
-    pod = wait_pod_running(cp, TEST_NAMESPACE, "quiet", timeout=300)
     (cpu,) = parse_cpu_list(deployed.allowed(pod, "workload")[0])
     # The node as it is today: the claim's CPU kept from other containers only.
     noisy = measure(deployed, container_id(pod), cpu, PROBE_SECONDS)
@@ -194,12 +217,7 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
         PODS_UNIT: processes_before[PODS_UNIT],
         **dict.fromkeys(SERVICES, online - {cpu}),
     }
-    poll(
-        lambda: True if host_processes(deployed) == narrowed else None,
-        120,
-        lambda: f"off CPU {cpu}: {host_processes(deployed)}\n{quiet_status(deployed)}",
-        2.0,
-    )
+    wait_host_processes(deployed, narrowed, f"off CPU {cpu}")
     status = quiet_status(deployed)
     assert (status["hostProcesses"], status["unavailable"]) == (True, {}), status
 
@@ -209,16 +227,12 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
     # Turned off live, the claim still held: everything as before, the record gone.
     turn(deployed, ON, OFF, on=False)
     assert sources(deployed) == before
-    assert host_processes(deployed) == processes_before
+    # systemd writes a unit's cpuset from its own loop, after it answered.
+    wait_host_processes(deployed, processes_before, "given back")
 
     # On again, then the claim released: everything as before, the originals kept on record.
     turn(deployed, OFF, ON, on=True)
-    poll(
-        lambda: True if host_processes(deployed) == narrowed else None,
-        120,
-        lambda: f"narrowed again: {host_processes(deployed)}\n{quiet_status(deployed)}",
-        2.0,
-    )
+    wait_host_processes(deployed, narrowed, "narrowed again")
     cp.request("DELETE", f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/quiet")
     cp.request("DELETE", f"{CLAIMS}/quiet")
     poll(
@@ -227,5 +241,5 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(deployed: VMCluster)
         lambda: f"every source back as before:\n{sources(deployed)}\n{before}",
         2.0,
     )
-    assert host_processes(deployed) == processes_before
+    wait_host_processes(deployed, processes_before, "released")
     assert deployed.vm.run(f"test -e {RECORD}").returncode == 0, "on: the originals kept"

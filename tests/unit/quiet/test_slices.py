@@ -15,7 +15,14 @@ from nodedra.policy import parse_config
 from nodedra.quiet import RECORD, AllWork, QuietKeeper, QuietKinds
 from nodedra.quiet.keeper import read_record
 from nodedra.quiet.slices import HostProcesses
-from nodedra.quiet.systemd import SystemdError, Unit, from_bitmask, to_bitmask
+from nodedra.quiet.systemd import (
+    NoSuchUnitError,
+    SystemdError,
+    SystemdReplyError,
+    Unit,
+    from_bitmask,
+    to_bitmask,
+)
 
 ONLINE = frozenset(range(8))
 BOOT = "boot-1"
@@ -49,13 +56,17 @@ class FakeSystemd:
         self.inactive = {"machine.slice"}
         self.down = False
         self.writes: list[tuple[str, frozenset[int]]] = []
+        self.failing: dict[str, SystemdError] = {}
+        """Units whose setting fails, with systemd's answer."""
+        self.reads = 0
+        self.closed = 0
 
     def __call__(self, bus: Path) -> FakeSystemd:
         self._check()
         return self
 
     def __exit__(self, *args: object) -> None:
-        pass
+        self.closed += 1
 
     def _check(self) -> None:
         if self.down:
@@ -70,14 +81,19 @@ class FakeSystemd:
 
     def parent(self, unit: Unit) -> str:
         self._check()
+        if unit.name not in self.parents:  # listed, then gone
+            raise SystemdReplyError(f"reading {unit.name}: systemd answered UnknownObject")
         return self.parents[unit.name]
 
     def allowed_cpus(self, unit: Unit) -> frozenset[int]:
         self._check()
+        self.reads += 1
         return self.allowed[unit.name]
 
     def set_allowed_cpus(self, name: str, cpus: frozenset[int]) -> None:
         self._check()
+        if name in self.failing:
+            raise self.failing[name]
         self.writes.append((name, cpus))
         self.allowed[name] = cpus
 
@@ -189,6 +205,73 @@ def test_a_lost_bus_keeps_the_originals_until_they_are_given_back(tmp_path: Path
     claims.kinds = QuietKinds()
     quiet.update()
     assert not (tmp_path / RECORD).exists()
+
+
+def test_a_unit_systemd_refuses_is_named_with_its_answer_and_the_others_go_on(
+    tmp_path: Path,
+) -> None:
+    systemd, claims = FakeSystemd(), Claims()
+    quiet = keeper(tmp_path, systemd, claims)
+    systemd.failing["init.scope"] = SystemdError("setting init.scope's AllowedCPUs: denied")
+    claims.cpus = frozenset({3})
+    quiet.update()
+    assert systemd.allowed["system.slice"] == ONLINE - {3}
+    status = quiet.status()
+    assert status["unavailable"] == {}, "one unit's failure is not the kind's"
+    assert status["left"] == [
+        {
+            "source": "init.scope (host processes)",
+            "cpus": "3",
+            "why": "setting init.scope's AllowedCPUs: denied",
+        }
+    ]
+
+
+def test_a_unit_gone_is_neither_refused_nor_kept_on_record(tmp_path: Path) -> None:
+    systemd, claims = FakeSystemd(), Claims()
+    quiet = keeper(tmp_path, systemd, claims)
+    claims.cpus = frozenset({3})
+    quiet.update()
+    systemd.failing["init.scope"] = NoSuchUnitError("Unit init.scope not found.")
+    claims.kinds = QuietKinds()
+    quiet.update()
+    assert systemd.allowed["system.slice"] == frozenset()
+    assert not (tmp_path / RECORD).exists()
+
+
+def test_a_scope_gone_between_listing_and_reading_is_not_a_failure(tmp_path: Path) -> None:
+    """The kubelet mounts volumes in short-lived scopes: one that ends while a pass reads
+    it leaves the other units steered, and the kind available."""
+    systemd, claims = FakeSystemd(), Claims()
+    quiet = keeper(tmp_path, systemd, claims)
+    claims.cpus = frozenset({3})
+    quiet.update()
+    systemd.allowed["run-r1.scope"] = frozenset()  # listed, gone before its slice is read
+    quiet.update()
+    assert systemd.allowed["system.slice"] == ONLINE - {3}
+    assert quiet.status()["unavailable"] == {}
+    assert "unit/system.slice" in read_record(tmp_path / RECORD, BOOT)
+
+
+def test_one_read_of_each_unit_per_pass(tmp_path: Path) -> None:
+    systemd, claims = FakeSystemd(), Claims()
+    quiet = keeper(tmp_path, systemd, claims)
+    claims.cpus = frozenset({3})
+    quiet.update()  # the first: each unit's original read too
+    systemd.reads = 0
+    quiet.update()
+    assert systemd.reads == 3, "init.scope, system.slice, user.slice: read once each"
+
+
+def test_stopped_the_keeper_closes_its_connection(tmp_path: Path) -> None:
+    systemd, claims = FakeSystemd(), Claims()
+    quiet = keeper(tmp_path, systemd, claims)
+    quiet.start()
+    claims.cpus = frozenset({3})
+    quiet.update()
+    quiet.stop()
+    assert systemd.closed == 1
+    assert systemd.allowed["system.slice"] == frozenset()
 
 
 def test_turned_off_every_unit_is_given_back_and_the_record_goes(tmp_path: Path) -> None:
