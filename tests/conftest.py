@@ -25,10 +25,10 @@
 * `dockerfile_image`: nodedra's image built from the repository's Dockerfile by buildah
   (tests.peers.dockerfile_image; ``tox -e dockerfile``), right after collection, cached.
 
-* `vm_node` (`vm_node_factory` for guests with other options, such as forwards to the
-  control plane): a Debian guest under QEMU with systemd and cgroup v2, two NUMA nodes, SMT and
-  huge pages (tests.peers.vm), booted once per test module; its image is built (and cached)
-  right after collection, and QEMU runs in the private network namespace.
+* `vm_node_factory`: boots Debian guests under QEMU with systemd and cgroup v2, two NUMA
+  nodes, SMT and huge pages (tests.peers.vm), with the options a module asks for (kernel
+  arguments, forwards to the control plane); its image is built (and cached) right after
+  collection, and QEMU runs in the private network namespace.
 
 When a test fails, the log tails of the peers it used are attached to its
 report (sections "peer log: <name>").
@@ -211,7 +211,7 @@ def _build_other_releases(config: pytest.Config, now: bool) -> None:
 
 def _needs_vm(item: pytest.Item) -> bool:
     names = set(getattr(item, "fixturenames", ()))
-    return _VM_FIXTURE in names or _VM_FACTORY in names
+    return _VM_FACTORY in names
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -254,7 +254,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     so a long first build is not charged to one test's timeout; then leave the
     machine's network for a namespace of our own (building needed the network)."""
     fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
-    needs_vm = any(_VM_FIXTURE in names or _VM_FACTORY in names for names in fixtures)
+    needs_vm = any(_VM_FACTORY in names for names in fixtures)
     if needs_vm:
         _build_vm_image(session.config)
     if any(_DOCKERFILE_FIXTURE in names for names in fixtures):
@@ -907,7 +907,6 @@ def _built(
 _VM_IMAGE = pytest.StashKey[VMImage]()
 _VM_IMAGE_ERROR = pytest.StashKey[str]()
 #: The fixture whose tests need the VM image (built only then).
-_VM_FIXTURE = "vm_node"
 _VM_FACTORY = "vm_node_factory"
 
 
@@ -964,10 +963,3 @@ def vm_node_factory(
             node.stop()
 
     return boot
-
-
-@pytest.fixture(scope="module")
-def vm_node(vm_node_factory: VMNodeFactory) -> Iterator[VMNode]:
-    """A guest booted to multi-user (tests.peers.vm) for a module's tests; killed afterwards."""
-    with vm_node_factory() as node:
-        yield node
