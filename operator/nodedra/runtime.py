@@ -29,7 +29,7 @@ from nodedra.nodeevents import NodeEvents
 from nodedra.nri import PluginOptions
 from nodedra.observability import Metrics, NodeUsage, Observers, PinningUsage
 from nodedra.policy import PolicyConfig, Shortfall, load_config, make_policy
-from nodedra.preflight import Inputs, Preflight
+from nodedra.preflight import ControlPlane, Inputs, Preflight
 from nodedra.quiet import RECORD, QuietKeeper, host_work, read_boot_id
 from nodedra.resmgr import ManagerOptions, ResourceManager, reserved_pods
 from nodedra.settings import Settings, SettingsError, split_address
@@ -162,8 +162,12 @@ class Runtime:
             api,
             settings.node_name,
             pinning=settings.pinning != "off",
-            gates=self._feature_gates,
-            meaning={gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
+            control=ControlPlane(
+                self._feature_gates,
+                {gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
+                self.server_version,
+                lambda: self.manager.policy.config.numa_attribute.form,
+            ),
             events=self.events,
             gauge=self.metrics.preflight,
             kubelet_asked=self._kubelet_asked,

@@ -12,8 +12,6 @@ Meanwhile a Guaranteed pod keeps the CPU the kubelet's CPU manager gave it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +34,9 @@ CONFLICT = "the kubelet's CPU manager policy is static"
 
 def preflight(nodedra: NodedraProcess, state_file: Path, kubelet_config: Path) -> tuple[int, Any]:
     """``nodedra preflight --json`` with the instance's settings: its exit status and report."""
-    argv = [sys.executable, "-m", "nodedra", "preflight", "--json"]
-    argv += ["--node-name", str(nodedra.node_name), "--kubeconfig", str(nodedra.kubeconfig)]
-    argv += ["--config", str(nodedra.config), "--sysfs", "/sys"]
-    argv += [
-        "--kubelet-cpu-manager-state",
-        str(state_file),
-        "--kubelet-config",
-        str(kubelet_config),
-    ]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=120, env=nodedra.environ(), check=False
+    return nodedra.preflight(
+        "--kubelet-cpu-manager-state", str(state_file), "--kubelet-config", str(kubelet_config)
     )
-    assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout)
 
 
 def readiness(nodedra: NodedraProcess) -> tuple[int, dict[str, Any]]:

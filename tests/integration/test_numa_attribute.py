@@ -33,7 +33,13 @@ from tests.peers.cluster import wait_for_slices, wait_pod_scheduled
 from tests.peers.controlplane import ControlPlane
 from tests.peers.go_driver import NUMAPlacement
 from tests.peers.kubelet import KubeletHarness
-from tests.peers.nodedra_node import STATIC, TOPOLOGY_AWARE, granted, saved_grants
+from tests.peers.nodedra_node import (
+    STATIC,
+    TOPOLOGY_AWARE,
+    NodedraProcess,
+    granted,
+    saved_grants,
+)
 from tests.peers.profile import ClusterProfile
 from tests.unit.policy.conftest import FIXTURES, SHAPES
 
@@ -76,9 +82,9 @@ def nodedra_on(
     kubelet: KubeletHarness,  # noqa: F811 (fixture)
     driver: str,
     **setting: Any,
-) -> None:
+) -> NodedraProcess:
     config = {"policy": POLICY[driver], "nodeAllocatable": False, "numaNodeAttribute": setting}
-    start_nodedra(factory, cp, kubelet, config)
+    return start_nodedra(factory, cp, kubelet, config)
 
 
 def test_the_list_form_is_published_where_the_api_server_keeps_it(
@@ -87,11 +93,17 @@ def test_the_list_form_is_published_where_the_api_server_keeps_it(
     kubelet: KubeletHarness,  # noqa: F811 (fixture)
     nodedra_factory: NodedraFactory,
 ) -> None:
-    """With the gate off nodedra publishes the scalar, not slices the server would refuse."""
+    """With the gate off nodedra publishes the scalar, not slices the server would refuse;
+    ``nodedra preflight`` warns where the list form cannot align claims (the gate off, or a
+    1.36 control plane, whose scheduler matches no list)."""
     aliases = ["dra.net/numaNode"]
-    nodedra_on(
+    nodedra = nodedra_on(
         nodedra_factory, control_plane, kubelet, TOPOLOGY_AWARE, form="list", aliases=aliases
     )
+    _, report = nodedra.preflight()
+    (check,) = [c for c in report["checks"] if c["name"] == "numa-attribute"]
+    works = cluster_profile.on(LIST_GATE) and cluster_profile.minor != SCHEDULER_WITHOUT_LISTS
+    assert check["status"] == ("ok" if works else "warn"), (cluster_profile.describe(), check)
     topology = read_topology(NODEDRA_SYSFS)
     devices = published_devices(control_plane, kubelet.node_name, TOPOLOGY_AWARE)
     assert len(devices) == len(topology.nodes)

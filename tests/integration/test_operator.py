@@ -175,6 +175,7 @@ def test_starts_registers_publishes_and_stops_cleanly(
         "container-runtime",
         "other-cpu-drivers",
         "feature-gates",
+        "numa-attribute",
     }
     assert "fail" not in preflight.values(), preflight
     assert readiness == {

@@ -435,6 +435,18 @@ class NodedraProcess:
         env.update(self.extra_env)
         return env
 
+    def preflight(self, *args: str) -> tuple[int, Any]:
+        """``nodedra preflight --json`` with this instance's node, credentials, configuration
+        and sysfs, and ``args``: its exit status and report."""
+        argv = [sys.executable, "-m", "nodedra", "preflight", "--json"]
+        argv += ["--node-name", str(self.node_name), "--kubeconfig", str(self.kubeconfig)]
+        argv += ["--config", str(self.config), "--sysfs", str(self.sysfs), *args]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, env=self.environ(), check=False
+        )
+        assert done.stdout, done.stderr
+        return done.returncode, json.loads(done.stdout)
+
     @property
     def process(self) -> PeerProcess:
         if self._process is None:

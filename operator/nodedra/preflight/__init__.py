@@ -8,11 +8,20 @@ failing CPU manager check holds pinning until it passes.
 """
 
 from .checks import Check
-from .gather import Inputs, NodeFacts, cluster_checks, failed, kubelet_checks, render_text
+from .gather import (
+    ControlPlane,
+    Inputs,
+    NodeFacts,
+    cluster_checks,
+    failed,
+    kubelet_checks,
+    render_text,
+)
 from .keeper import Preflight
 
 __all__ = [
     "Check",
+    "ControlPlane",
     "Inputs",
     "NodeFacts",
     "Preflight",

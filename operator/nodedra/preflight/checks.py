@@ -243,3 +243,53 @@ def feature_gates(gates: Mapping[str, bool | None], meaning: Mapping[str, str]) 
     if unknown:
         return Check(name, "unknown", said)
     return Check(name, "ok", said)
+
+
+LIST_GATE = "DRAListTypeAttributes"
+FIRST_LIST_MATCHING = 37
+"""The first Kubernetes minor whose scheduler meets ``matchAttribute`` over list attributes
+(at 1.36 a constraint leaves the claim Pending, even between two equal lists)."""
+SCALAR_FIX = (
+    "leave numaNodeAttribute.form at scalar (its default) until the control plane runs "
+    "Kubernetes 1.37 (docs/beside-devices.md)"
+)
+
+
+def numa_attribute(form: str, lists_on: bool | None, server_version: str) -> Check:
+    """Whether ``numaNodeAttribute.form: list`` can work with this control plane.
+
+    The list form is published only where the API server keeps lists
+    (``DRAListTypeAttributes``); and the scheduler of a release before 1.37 matches no
+    list, so a claim that aligns CPUs with another driver's device would stay Pending. The
+    API server's release stands for the scheduler's (the same control plane).
+    """
+    name = "numa-attribute"
+    attribute = "resource.kubernetes.io/numaNode"
+    if form != "list":
+        return Check(name, "ok", f"{attribute} published as the device's NUMA node ({form})")
+    if lists_on is None:
+        return Check(name, "unknown", f"{LIST_GATE} not asked of the API server yet")
+    if not lists_on:
+        return Check(
+            name,
+            "warn",
+            f"numaNodeAttribute.form is list, but the API server drops lists ({LIST_GATE} "
+            f"off): {attribute} is published as the scalar",
+            f"turn {LIST_GATE} on in the API server and the scheduler, or {SCALAR_FIX}",
+        )
+    found = re.match(r"v?1\.(\d+)", server_version)
+    if found is None:
+        return Check(
+            name, "unknown", f"numaNodeAttribute.form is list; API server {server_version!r}"
+        )
+    if int(found[1]) < FIRST_LIST_MATCHING:
+        return Check(
+            name,
+            "warn",
+            f"numaNodeAttribute.form is list and the API server is {server_version}: the "
+            f"scheduler of that release matches no list attribute, so a claim that aligns "
+            f"CPUs with another driver's device through matchAttribute on {attribute} stays "
+            "Pending",
+            SCALAR_FIX,
+        )
+    return Check(name, "ok", f"{attribute} published as a list (API server {server_version})")

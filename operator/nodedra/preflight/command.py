@@ -15,12 +15,12 @@ import sys
 from nodedra.dra import KubeAPIError, KubeClusterAPI, driver_name
 from nodedra.dra.probes import PUBLISHED_FIELD_GATES, GateProbe
 from nodedra.policy import ConfigError
-from nodedra.runtime import initial_config, kube_client
+from nodedra.runtime import check_api_server, initial_config, kube_client
 from nodedra.settings import SettingsError, load_settings
 from nodedra.topology import TopologyError, read_topology
 
 from .checks import Check
-from .gather import Inputs, cluster_checks, failed, kubelet_checks, render_text
+from .gather import ControlPlane, Inputs, cluster_checks, failed, kubelet_checks, render_text
 
 
 def preflight(args: argparse.Namespace) -> int:
@@ -36,10 +36,12 @@ def preflight(args: argparse.Namespace) -> int:
         Inputs(settings.kubelet_cpu_manager_state, settings.kubelet_config, config.reserved_cpus)
     )
     try:
-        api = KubeClusterAPI(kube_client(settings))
+        client = kube_client(settings)
+        version = check_api_server(client)
     except SettingsError as err:
         results.append(Check("api-server", "unknown", str(err)))
     else:
+        api = KubeClusterAPI(client)
         probe = GateProbe(api, settings.node_name, driver_name(config.policy))
 
         def gates() -> dict[str, bool | None]:
@@ -51,8 +53,13 @@ def preflight(args: argparse.Namespace) -> int:
                     known[gate.name] = None
             return known
 
-        meaning = {gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES}
-        results += cluster_checks(api, settings.node_name, gates, meaning)
+        control = ControlPlane(
+            gates,
+            {gate.name: gate.missing for gate in PUBLISHED_FIELD_GATES},
+            version,
+            lambda: config.numa_attribute.form,
+        )
+        results += cluster_checks(api, settings.node_name, control)
     if args.json:
         print(json.dumps({"failed": failed(results), "checks": [c.as_dict() for c in results]}))
     else:

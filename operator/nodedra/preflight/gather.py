@@ -56,12 +56,21 @@ def kubelet_checks(inputs: Inputs, asked: int = 0) -> list[Check]:
     ]
 
 
-def cluster_checks(
-    api: NodeFacts,
-    node_name: str,
-    gates: Callable[[], Mapping[str, bool | None]],
-    meaning: Mapping[str, str],
-) -> list[Check]:
+@dataclass(frozen=True)
+class ControlPlane:
+    """What the checks know of the control plane and of what nodedra asks of it."""
+
+    gates: Callable[[], Mapping[str, bool | None]]
+    """The feature gates probed so far: on, off, or None (unknown)."""
+    meaning: Mapping[str, str]
+    """What each gate off costs."""
+    server_version: str
+    """The API server's (``v1.36.3``)."""
+    numa_form: Callable[[], str]
+    """The configuration's ``numaNodeAttribute.form`` now."""
+
+
+def cluster_checks(api: NodeFacts, node_name: str, control: ControlPlane) -> list[Check]:
     """The checks of what the API server knows of this node (a few requests)."""
     node: dict[str, Any] | None = None
     node_why = ""
@@ -75,10 +84,14 @@ def cluster_checks(
         slices = api.list_node_slices(node_name)
     except KubeAPIError as err:
         slices_why = f"cannot list the ResourceSlices of node {node_name}: {err}"
+    gates = control.gates()
     return [
         checks.container_runtime(node, node_why),
         checks.other_cpu_drivers(slices, slices_why),
-        checks.feature_gates(gates(), meaning),
+        checks.feature_gates(gates, control.meaning),
+        checks.numa_attribute(
+            control.numa_form(), gates.get(checks.LIST_GATE), control.server_version
+        ),
     ]
 
 

@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 from nodedra.nodeevents import NodeEvents
 
 from .checks import STATUSES, Check
-from .gather import Inputs, NodeFacts, cluster_checks, kubelet_checks
+from .gather import ControlPlane, Inputs, NodeFacts, cluster_checks, kubelet_checks
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ class Preflight:
         node_name: str,
         *,
         pinning: bool,
-        gates: Callable[[], Mapping[str, bool | None]],
-        meaning: Mapping[str, str],
+        control: ControlPlane,
         events: NodeEvents | None = None,
         gauge: Gauge | None = None,
         kubelet_asked: Callable[[], int] = lambda: 0,
@@ -65,8 +64,7 @@ class Preflight:
         self._api = api
         self._node = node_name
         self._pinning = pinning
-        self._gates = gates
-        self._meaning = meaning
+        self._control = control
         self._events = events
         self._clock = clock
         self._mu = threading.Lock()
@@ -88,7 +86,7 @@ class Preflight:
         now = self._clock()
         cluster = None
         if self._asked is None or now - self._asked >= CLUSTER_PERIOD:
-            cluster = cluster_checks(self._api, self._node, self._gates, self._meaning)
+            cluster = cluster_checks(self._api, self._node, self._control)
             self._asked = now
         with self._mu:
             before = {c.name: c for c in (*self._kubelet, *self._cluster)}

@@ -157,6 +157,33 @@ def test_feature_gates() -> None:
     assert checks.feature_gates({}, meaning).status == "unknown"
 
 
+@pytest.mark.parametrize(
+    ("form", "lists_on", "version", "status"),
+    [
+        ("scalar", False, "v1.36.3", "ok"),
+        ("list", True, "v1.37.2", "ok"),
+        ("list", True, "v1.36.3", "warn"),
+        ("list", False, "v1.37.2", "warn"),
+        ("list", None, "v1.37.2", "unknown"),
+        ("list", True, "a fork", "unknown"),
+    ],
+)
+def test_the_list_form_of_numa_node(
+    form: str, lists_on: bool | None, version: str, status: str
+) -> None:
+    check = checks.numa_attribute(form, lists_on, version)
+    assert check.status == status, check
+    if status == "warn":
+        assert "scalar" in check.fix, check
+
+
+def test_at_1_36_the_list_form_says_claims_would_stay_pending() -> None:
+    check = checks.numa_attribute("list", True, "v1.36.3")
+    assert "v1.36.3" in check.detail
+    assert "stays Pending" in check.detail
+    assert check.fix.startswith("leave numaNodeAttribute.form at scalar")
+
+
 def test_the_report_prints_each_check_and_the_fixes_of_the_others() -> None:
     results = [
         checks.Check("a", "ok", "fine", "never printed"),

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from nodedra.dra import KubeAPIError
 from nodedra.nodeevents import NodeEvents
-from nodedra.preflight import Inputs, Preflight
+from nodedra.preflight import ControlPlane, Inputs, Preflight
 from nodedra.preflight.keeper import CLUSTER_PERIOD, REASONS
 from tests.peers.cluster import poll
 from tests.unit.dra.fakes import NODE, FakeCluster
@@ -48,8 +48,9 @@ class Setup:
             self.facts,
             NODE,
             pinning=pinning,
-            gates=lambda: {"DRAConsumableCapacity": True},
-            meaning={},
+            control=ControlPlane(
+                lambda: {"DRAConsumableCapacity": True}, {}, "v1.37.2", lambda: "scalar"
+            ),
             events=NodeEvents(self.cluster, NODE, "static.nri.io"),
             gauge=Gauge(
                 "nodedra_preflight_checks", "status", ["check", "status"], registry=self.registry
