@@ -31,7 +31,7 @@ from nodedra.dra.endpoint import KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SERI
 from nodedra.dra.names import CDI_CLASS, driver_name
 from nodedra.lib.locks import held_elsewhere
 from nodedra.policy import POLICIES
-from nodedra.quiet import RECORD, SYSTEM_BUS, host_work, read_boot_id
+from nodedra.quiet import IRQBALANCE_DIR, RECORD, SYSTEM_BUS, host_work, read_boot_id
 from nodedra.quiet.keeper import BOOT_ID, read_record
 from nodedra.resmgr.checkpoint import FILE_NAME, LEGACY_NAME, Checkpoint, CheckpointError
 from nodedra.resmgr.ledger import reservations_of
@@ -72,6 +72,7 @@ class NodePaths:
     irq_dir: Path = Path("/proc/irq")
     workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
     system_bus: Path = SYSTEM_BUS
+    irqbalance_dir: Path = IRQBALANCE_DIR
     boot_id: Path = BOOT_ID
 
     def data_dirs(self) -> list[Path]:
@@ -183,7 +184,9 @@ def give_back_quiet(paths: NodePaths) -> list[str]:
     if not record.exists():
         return []
     originals = read_record(record, read_boot_id(paths.boot_id))
-    work = host_work(online_cpus(), paths.irq_dir, paths.workqueue_dir, paths.system_bus)
+    work = host_work(
+        online_cpus(), paths.irq_dir, paths.workqueue_dir, paths.system_bus, paths.irqbalance_dir
+    )
     try:
         refused = work.restore(originals)
     except (OSError, ValueError) as err:

@@ -174,6 +174,7 @@ def cleanup(args: argparse.Namespace) -> int:
         irq_dir=args.irq_dir,
         workqueue_dir=args.workqueue_dir,
         system_bus=args.system_bus,
+        irqbalance_dir=args.irqbalance_dir,
     )
     return command(paths, sys.stdout, sys.stderr)
 
@@ -278,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "host's workqueue directory (quietCPUs)",
         ),
         ("--system-bus", "NODEDRA_SYSTEM_BUS", defaults.system_bus, "system bus (quietCPUs)"),
+        (
+            "--irqbalance-dir",
+            "NODEDRA_IRQBALANCE_DIR",
+            defaults.irqbalance_dir,
+            "irqbalance's socket directory (quietCPUs)",
+        ),
     ):
         cleanup_parser.add_argument(
             flag,

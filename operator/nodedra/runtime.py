@@ -225,7 +225,11 @@ class Runtime:
         )
         self.quiet = QuietKeeper(
             host_work(
-                policy.online_cpus(), settings.irq_dir, settings.workqueue_dir, settings.system_bus
+                policy.online_cpus(),
+                settings.irq_dir,
+                settings.workqueue_dir,
+                settings.system_bus,
+                settings.irqbalance_dir,
             ),
             self.manager.checkpoint.path.parent / RECORD,
             read_boot_id(),

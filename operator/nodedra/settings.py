@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from nodedra.nri import DEFAULT_SOCKET, PINNING_MODES
-from nodedra.quiet import SYSTEM_BUS
+from nodedra.quiet import IRQBALANCE_DIR, SYSTEM_BUS
 
 DEFAULT_CONFIG = "/etc/nodedra/config.yaml"
 KUBELET_STATE_FILE = "/var/lib/kubelet/cpu_manager_state"
@@ -66,6 +66,7 @@ class Settings:
     irq_dir: Path = Path("/proc/irq")
     workqueue_dir: Path = Path("/sys/devices/virtual/workqueue")
     system_bus: Path = SYSTEM_BUS
+    irqbalance_dir: Path = IRQBALANCE_DIR
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,13 @@ FLAGS = (
         "NODEDRA_SYSTEM_BUS",
         "the host's D-Bus system bus socket, through which systemd is asked to keep its "
         "slices off claimed CPUs (quietCPUs.hostProcesses)",
+    ),
+    _Flag(
+        "irqbalance_dir",
+        "NODEDRA_IRQBALANCE_DIR",
+        "where irqbalance makes its socket on the host, through which it is told to keep "
+        "interrupts off claimed CPUs (quietCPUs.interrupts; in a pod: under a hostPath of "
+        "the host's /run, since irqbalance makes the directory anew at each start)",
     ),
 )
 _TYPES = {f.name: f.type for f in fields(Settings)}

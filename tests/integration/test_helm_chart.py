@@ -489,9 +489,10 @@ def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_p
         interrupts=True, unbound_work=True, host_processes=True
     )
     settings = settings_of(chart)
-    assert (settings.irq_dir, settings.workqueue_dir) == (
+    assert (settings.irq_dir, settings.workqueue_dir, settings.irqbalance_dir) == (
         Path("/host/proc/irq"),
         Path("/host/sys/devices/virtual/workqueue"),
+        Path("/host/run/irqbalance"),
     )
     daemonsets = [by_name(r) for r in chart if r.obj["kind"] == "DaemonSet"]
     overlay = [
@@ -499,7 +500,7 @@ def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_p
     ]
     assert not drift_report(daemonsets, overlay), drift_report(daemonsets, overlay)
     default = one(tools.template("nodedra"), "DaemonSet")["spec"]["template"]["spec"]["volumes"]
-    assert not {v["name"] for v in default} & {"irq", "workqueue", "system-bus"}
+    assert not {v["name"] for v in default} & {"irq", "workqueue", "system-bus", "host-run"}
     # Without hostProcesses, the system bus is not mounted.
     kernel_only = one(tools.template("nodedra", "--set", "quietCPUs.interrupts=true"), "DaemonSet")
     volumes = kernel_only["spec"]["template"]["spec"]["volumes"]
@@ -511,6 +512,7 @@ def test_quiet_cpus_mount_what_the_quiet_cpus_overlay_mounts(tools: Tools, tmp_p
     mounts = {m["mountPath"] for m in init["volumeMounts"]}
     assert {env["NODEDRA_IRQ_DIR"], env["NODEDRA_WORKQUEUE_DIR"]} <= mounts
     assert str(NodePaths().system_bus.parent) in mounts
+    assert str(Path(env["NODEDRA_IRQBALANCE_DIR"]).parent) in mounts
 
 
 def test_options_node_allocatable_and_the_rest(tools: Tools, tmp_path: Path) -> None:

@@ -84,6 +84,9 @@ PACKAGES: tuple[str, ...] = (
     "nftables",
     # The system bus, on which systemd serves its API (nodedra's quietCPUs.hostProcesses).
     "dbus",
+    # Balances interrupts where it runs (nodedra's quietCPUs.interrupts tells it what to
+    # avoid); installed, not started at boot: test_quiet_cpus starts it.
+    "irqbalance",
 )
 
 #: The kernel flavour: the generic one (the cloud flavour has no 9p); the newest ABI of this
@@ -651,6 +654,9 @@ def _configure(rootfs: Path) -> None:
     wants = systemd / "multi-user.target.wants"
     wants.mkdir(exist_ok=True)
     (wants / "nodedra-agent.service").symlink_to("/etc/systemd/system/nodedra-agent.service")
+    # Enabled by its package: every other test expects the interrupts where the kernel put
+    # them.
+    (wants / "irqbalance.service").unlink(missing_ok=True)
 
 
 def _install_runtime(rootfs: Path, binaries: PeerBinaries) -> None:

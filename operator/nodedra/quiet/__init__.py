@@ -6,6 +6,8 @@ per node (the configuration's ``quietCPUs``).
 
 from pathlib import Path
 
+from .irqbalance import RUN_DIR as IRQBALANCE_DIR
+from .irqbalance import IrqBalance
 from .keeper import RECORD, QuietKeeper, read_boot_id
 from .kernelwork import KernelWork
 from .slices import HostProcesses
@@ -14,13 +16,28 @@ from .work import AllWork, HostWork, QuietKinds
 
 
 def host_work(
-    online: frozenset[int], irq_dir: Path, workqueue_dir: Path, system_bus: Path = SYSTEM_BUS
+    online: frozenset[int],
+    irq_dir: Path,
+    workqueue_dir: Path,
+    system_bus: Path = SYSTEM_BUS,
+    irqbalance_dir: Path | None = IRQBALANCE_DIR,
 ) -> AllWork:
-    """Every kind of the host's work, from where the host's files and system bus are."""
-    return AllWork([KernelWork(irq_dir, workqueue_dir), HostProcesses(online, system_bus)])
+    """Every kind of the host's work, from where the host's files, bus and sockets are.
+
+    irqbalance comes first: whether it runs decides how interrupts are steered.
+    """
+    irqbalance = IrqBalance(irqbalance_dir, online)
+    return AllWork(
+        [
+            irqbalance,
+            KernelWork(irq_dir, workqueue_dir, balanced=irqbalance.running),
+            HostProcesses(online, system_bus),
+        ]
+    )
 
 
 __all__ = [
+    "IRQBALANCE_DIR",
     "RECORD",
     "SYSTEM_BUS",
     "AllWork",

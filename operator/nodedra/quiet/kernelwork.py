@@ -7,12 +7,17 @@ CPUs it may use. Steering one narrows what it had before nodedra touched it (its
 the admin's or the kernel's) to the CPUs no claim holds; where that would leave none, it
 keeps its original and says so. Some interrupts refuse (EIO: the kernel manages those of
 multi-queue devices and moves them itself): they are reported with the devices they serve.
+
+Where irqbalance runs (``balanced``), it places the interrupts and is told to keep off
+claimed CPUs (:mod:`nodedra.quiet.irqbalance`); an interrupt is then only moved off claimed
+CPUs at once (to where it was, less those), never back to its original while claims hold
+CPUs: irqbalance would move it, and nodedra back, at every pass.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
@@ -31,12 +36,24 @@ def irq_source(number: str) -> str:
     return f"irq/{number}"
 
 
+def is_interrupt(source: str) -> bool:
+    """Whether ``source`` is one device interrupt (not the default affinity)."""
+    return source.startswith("irq/") and source != DEFAULT_AFFINITY
+
+
 class KernelWork:
     """The sources of ``irq_dir`` (``/proc/irq``) and ``workqueue_dir``; either may be None."""
 
-    def __init__(self, irq_dir: Path | None, workqueue_dir: Path | None) -> None:
+    def __init__(
+        self,
+        irq_dir: Path | None,
+        workqueue_dir: Path | None,
+        balanced: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._irq_dir = irq_dir
         self._workqueue_dir = workqueue_dir
+        self._balanced = balanced
+        """Whether irqbalance places the interrupts now."""
 
     def owns(self, source: str) -> bool:
         """Interrupts and the workqueues are this kind's."""
@@ -77,8 +94,45 @@ class KernelWork:
         return parse_mask(text) if is_mask else parse_cpu_list(text.strip())
 
     def steer(self, originals: Mapping[str, frozenset[int]], allowed: frozenset[int]) -> Steered:
-        """Narrow each source of ``originals`` to its original CPUs that are ``allowed``."""
-        return steer_each(originals, allowed, self._write)
+        """Narrow each source of ``originals`` to its original CPUs that are ``allowed``.
+
+        Under irqbalance each interrupt is only moved off the CPUs that are not.
+        """
+        if not self._balanced():
+            return steer_each(originals, allowed, self._write)
+        placed = {s: c for s, c in originals.items() if is_interrupt(s)}
+        steered = steer_each(
+            {s: c for s, c in originals.items() if s not in placed}, allowed, self._write
+        )
+        for source, original in placed.items():
+            self._evict(source, original, allowed, steered)
+        return steered
+
+    def _evict(
+        self, source: str, original: frozenset[int], allowed: frozenset[int], steered: Steered
+    ) -> None:
+        """Move interrupt ``source`` off the CPUs not ``allowed``, if it may run there.
+
+        It goes to those of its CPUs (else of its original) that are ``allowed``, and is kept
+        where neither has one.
+        """
+        current = self.read(source)
+        steered.reach[source] = current
+        if current is None:
+            return
+        if current <= allowed:
+            steered.narrowed.append(source)
+            return
+        target = (current & allowed) or (original & allowed)
+        if not target:
+            steered.kept.append(source)
+            return
+        reach, why = self._write(source, target)
+        steered.reach[source] = reach
+        if why is not None:
+            steered.refused[source] = why
+        else:
+            steered.narrowed.append(source)
 
     def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
         """Give each source its original CPUs back; the sources that refused, and why.
@@ -121,7 +175,7 @@ class KernelWork:
 
     def describe(self, source: str) -> str:
         """``source`` for people: an interrupt with the devices it serves."""
-        if source.startswith("irq/") and source != DEFAULT_AFFINITY and self._irq_dir:
+        if is_interrupt(source) and self._irq_dir:
             number = source.removeprefix("irq/")
             devices = sorted(p.name for p in (self._irq_dir / number).glob("*") if p.is_dir())
             return f"IRQ {number} ({', '.join(devices) or 'no device'})"

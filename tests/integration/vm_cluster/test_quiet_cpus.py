@@ -16,8 +16,10 @@ with it on).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from tests.peers.cluster import poll
 from tests.peers.noise import Window, measure, write_results
 from tests.peers.pods import container_id, create_pod, wait_pod_running
 from tests.peers.vm import MACHINE_ARGS
-from tests.peers.vm_cluster import VMCluster
+from tests.peers.vm_cluster import CTR, VMCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -180,16 +182,25 @@ def wait_host_processes(deployed: VMCluster, want: dict[str, frozenset[int]], wh
     )
 
 
-@pytest.fixture
-def quiet_pod(deployed: VMCluster) -> Iterator[dict[str, Any]]:
-    """The pod ``quiet`` running with its claim (quietCPUs still off); both deleted
+@contextlib.contextmanager
+def running_claim(deployed: VMCluster, name: str) -> Iterator[dict[str, Any]]:
+    """The pod ``name`` running with its claim ``name`` of NUMA node 1; both deleted
     afterwards if the test did not, so that a failure leaves test_restarts no claim."""
     cp = deployed.cp
-    cp.request("POST", CLAIMS, numa1_claim("quiet"))
-    create_pod(cp, TEST_NAMESPACE, claim_pod("quiet", "quiet"))
-    yield wait_pod_running(cp, TEST_NAMESPACE, "quiet", timeout=300)
-    cp.delete_if_present(f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/quiet")
-    cp.delete_if_present(f"{CLAIMS}/quiet")
+    cp.request("POST", CLAIMS, numa1_claim(name))
+    try:
+        create_pod(cp, TEST_NAMESPACE, claim_pod(name, name))
+        yield wait_pod_running(cp, TEST_NAMESPACE, name, timeout=300)
+    finally:
+        cp.delete_if_present(f"/api/v1/namespaces/{TEST_NAMESPACE}/pods/{name}")
+        cp.delete_if_present(f"{CLAIMS}/{name}")
+
+
+@pytest.fixture
+def quiet_pod(deployed: VMCluster) -> Iterator[dict[str, Any]]:
+    """The pod ``quiet`` running with its claim (quietCPUs still off)."""
+    with running_claim(deployed, "quiet") as pod:
+        yield pod
 
 
 def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(
@@ -245,3 +256,82 @@ def test_host_work_keeps_off_a_claimed_cpu_while_it_is_held(
     )
     wait_host_processes(deployed, processes_before, "released")
     assert deployed.vm.run(f"test -e {RECORD}").returncode == 0, "on: the originals kept"
+
+
+#: ``setup`` asked of the guest's irqbalance from nodedra's container (which mounts the
+#: host's /run), with root's credentials as irqbalance-ui sends them; one line for the shell.
+IRQBALANCE_SETUP = (
+    "import glob, os, socket, struct; "
+    'path = max(glob.glob("/host/run/irqbalance/irqbalance*.sock"), key=os.path.getmtime); '
+    "s = socket.socket(socket.AF_UNIX); s.connect(path); "
+    's.sendmsg([b"setup"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, '
+    'struct.pack("iII", os.getpid(), 0, 0))]); '
+    "print(s.recv(4096).decode())"
+)
+
+
+def irqbalance_banned(cluster: VMCluster) -> frozenset[int] | None:
+    """The CPUs the guest's irqbalance bans now, as it answers; None if it does not."""
+    (nodedra,) = cluster.nodedra_pods()
+    done = cluster.vm.run(
+        f"{CTR} task exec --exec-id irqbalance-$$ {container_id(nodedra, 'nodedra')} "
+        f"python -c '{IRQBALANCE_SETUP}'"
+    )
+    found = re.search(r"BANNED ([0-9a-fA-F,]+)", done.output)
+    return parse_mask(found[1]) if done.returncode == 0 and found else None
+
+
+def test_irqbalance_is_told_to_keep_interrupts_off_a_claimed_cpu(deployed: VMCluster) -> None:
+    """irqbalance started on the node (quietCPUs on): claimed, its CPU is banned through
+    irqbalance's socket, and no interrupt the kernel lets move is left there; released, it
+    bans what it banned before."""
+    vm = deployed.vm
+    vm.run("systemctl start irqbalance", timeout=120).check()
+    try:
+        before = poll(
+            lambda: irqbalance_banned(deployed),
+            60,
+            lambda: f"irqbalance answering: {vm.run('systemctl status irqbalance').output}",
+            2.0,
+        )
+        with running_claim(deployed, "balanced") as pod:
+            (cpu,) = parse_cpu_list(deployed.allowed(pod, "workload")[0])
+            poll(
+                lambda: True if irqbalance_banned(deployed) == before | {cpu} else None,
+                120,
+                lambda: (
+                    f"irqbalance banning CPU {cpu}: {irqbalance_banned(deployed)}\n"
+                    f"{deployed.nodedra_logs()}"
+                ),
+                2.0,
+            )
+
+            def off_but_named() -> dict[str, Any] | None:
+                status = quiet_status(deployed)
+                named = {
+                    "irq/" + e["source"].split()[1]
+                    for e in status["left"]
+                    if e["source"].startswith("IRQ ")
+                }
+                still = {
+                    s
+                    for s, cpus in sources(deployed).items()
+                    if cpu in cpus and s not in ("irq/default", "workqueue")
+                }
+                return status if still <= named and status["claimed"] == str(cpu) else None
+
+            status = poll(
+                off_but_named, 120, lambda: f"interrupts off CPU {cpu}: {sources(deployed)}", 2.0
+            )
+            assert not [e for e in status["left"] if e["source"].startswith("irqbalance")]
+        poll(
+            lambda: True if irqbalance_banned(deployed) == before else None,
+            120,
+            lambda: (
+                f"irqbalance banning {before} again: {irqbalance_banned(deployed)}\n"
+                f"{deployed.nodedra_logs()}"
+            ),
+            2.0,
+        )
+    finally:
+        vm.run("systemctl stop irqbalance", timeout=120)

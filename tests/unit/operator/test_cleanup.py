@@ -288,6 +288,7 @@ def quiet_host(node: NodePaths, root: Path) -> NodePaths:
         node,
         irq_dir=root / "irq",
         workqueue_dir=root / "workqueue",
+        irqbalance_dir=root / "irqbalance",
         boot_id=root / "boot_id",
     )
 

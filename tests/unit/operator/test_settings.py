@@ -73,6 +73,7 @@ def test_every_setting_has_an_environment_variable() -> None:
         "NODEDRA_IRQ_DIR": "/host/proc/irq",
         "NODEDRA_WORKQUEUE_DIR": "/host/wq",
         "NODEDRA_SYSTEM_BUS": "/host/bus",
+        "NODEDRA_IRQBALANCE_DIR": "/host/run/irqbalance",
     }
     assert {f.env for f in FLAGS} == set(environ)
     settings = load_settings(None, environ)
@@ -93,6 +94,7 @@ def test_every_setting_has_an_environment_variable() -> None:
     )
     assert (settings.irq_dir, settings.workqueue_dir) == (Path("/host/proc/irq"), Path("/host/wq"))
     assert settings.system_bus == Path("/host/bus")
+    assert settings.irqbalance_dir == Path("/host/run/irqbalance")
     assert load_settings(None, to_environ(settings)) == settings
 
 
