@@ -207,7 +207,10 @@ class VMNode:
         Under TCG a virtual CPU may hang early in a boot (seen once, 2026-12-03, on a guest's
         third boot: an RCU stall on CPU 1 at 22 s, then the soft-lockup watchdog every 30 s
         until the boot timed out). Such a boot is cut when the watchdog fires and started
-        again, once, with a line on stderr; a second one fails the start.
+        again, once, with a line on stderr; a second one fails the start. A boot whose agent
+        never greets is started again the same way (seen once, 2026-12-07: a first boot of a
+        new image, nothing on the console after the kernel's first line for 4 minutes, where
+        every other boot greets in 14 to 40 s).
         """
         for attempt in range(1, BOOT_ATTEMPTS + 1):
             try:
@@ -273,7 +276,8 @@ class VMNode:
                 self._check_boot_stalled()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise VMError(f"no answer from the guest ({what}) in time; {self._tails()}")
+                kind = _BootStalledError if booting else VMError
+                raise kind(f"no answer from the guest ({what}) in time; {self._tails()}")
             self._agent.settimeout(min(left, 1.0))
             try:
                 chunk = self._agent.recv(65536)
