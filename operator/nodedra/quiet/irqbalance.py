@@ -31,7 +31,7 @@ from pathlib import Path
 from nodedra.topology.cpulist import format_cpu_list
 
 from .cpumask import parse_mask
-from .work import QuietKinds, Steered, Written, steer_each
+from .work import QuietKinds, Steered, Written, restore_each, steer_each
 
 SOURCE = "irqbalance"
 RUN_DIR = Path("/run/irqbalance")
@@ -151,12 +151,7 @@ class IrqBalance:
         return steer_each(originals, allowed, self._write)
 
     def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
-        refused = {}
-        for source, original in originals.items():
-            _, why = self._write(source, original)
-            if why is not None:
-                refused[source] = why
-        return refused
+        return restore_each(originals, self._write)
 
     def describe(self, source: str) -> str:
         return "irqbalance (where it places interrupts)"

@@ -23,7 +23,7 @@ from pathlib import Path
 from nodedra.topology.cpulist import format_cpu_list, parse_cpu_list
 
 from .cpumask import format_mask, parse_mask
-from .work import QuietKinds, Steered, Written, steer_each
+from .work import QuietKinds, Steered, Written, restore_each, steer_each
 
 DEFAULT_AFFINITY = "irq/default"
 """The source of interrupts set up later."""
@@ -141,15 +141,12 @@ class KernelWork:
         (the host's not mounted) refuses every source in it.
         """
         refused = {}
-        for source, original in originals.items():
+        for source in originals:
             directory = self._irq_dir if source.startswith("irq/") else self._workqueue_dir
             if directory is None or not directory.is_dir():
                 refused[source] = f"{directory} is not there"
-                continue
-            _, why = self._write(source, original)
-            if why is not None:
-                refused[source] = why
-        return refused
+        there = {s: c for s, c in originals.items() if s not in refused}
+        return refused | restore_each(there, self._write)
 
     def close(self) -> None:
         """Nothing is held open: each file is opened for one read or write."""

@@ -27,7 +27,7 @@ from .systemd import (
     SystemdReplyError,
     Unit,
 )
-from .work import QuietKinds, Steered, Written, steer_each
+from .work import QuietKinds, Steered, Written, restore_each, steer_each
 
 PREFIX = "unit/"
 """Sources of this kind are named ``unit/<name>``."""
@@ -140,12 +140,7 @@ class HostProcesses:
         return steer_each(originals, allowed, self._write, unrestricted=self._online)
 
     def restore(self, originals: Mapping[str, frozenset[int]]) -> dict[str, str]:
-        refused = {}
-        for source, original in originals.items():
-            _, why = self._write(source, original)
-            if why is not None:
-                refused[source] = why
-        return refused
+        return restore_each(originals, self._write)
 
     def describe(self, source: str) -> str:
         return f"{source.removeprefix(PREFIX)} (host processes)"

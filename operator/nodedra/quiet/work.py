@@ -77,6 +77,18 @@ def steer_each(
     return steered
 
 
+def restore_each(
+    originals: Mapping[str, frozenset[int]], write: Callable[[str, frozenset[int]], Written]
+) -> dict[str, str]:
+    """Write each source's original back; the sources that refused, and why."""
+    refused = {}
+    for source, original in originals.items():
+        _, why = write(source, original)
+        if why is not None:
+            refused[source] = why
+    return refused
+
+
 class HostWork(Protocol):
     """One kind (or several) of the host's work, as sources with CPUs."""
 
