@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.peers.process import PeerProcess, tail
+from tests.peers.vm_freeze import describe
 from tests.peers.vm_image import AGENT_PORT, QBOOT, VMImage
 
 #: The kernel command line: serial console, systemd on the unified hierarchy, and huge pages
@@ -84,6 +85,8 @@ class _BootStalledError(VMError):
 
 #: How often ``VMNode.start`` boots a guest whose kernel hangs before it is up.
 BOOT_ATTEMPTS = 2
+#: What QEMU writes for each CPU feature of the model it does not emulate.
+TCG_CPUID_WARNING = "TCG doesn't support requested feature"
 #: What the kernel writes on the console when a CPU is stuck (the soft-lockup watchdog).
 SOFT_LOCKUP = b"watchdog: BUG: soft lockup"
 
@@ -136,6 +139,7 @@ class VMNode:
         self.console_path = workdir / "console.log"
         self.log_path = workdir / "qemu.log"
         self.agent_path = workdir / "agent.sock"
+        self.monitor_path = workdir / "qmp.sock"
         self.hard_timeout = hard_timeout
         self.boot_seconds: float | None = None
         """From QEMU's start to systemd's multi-user state, once started."""
@@ -149,6 +153,9 @@ class VMNode:
         self._next_id = 1
         self._console_at = 0
         """Where this boot's console output begins in the (appended) console log."""
+        self.frozen = ""
+        """Why the guest is taken as frozen (it left a command unanswered), or ''. Every
+        later ``run`` fails at once: asking again costs minutes and tells nothing new."""
 
     def argv(self) -> list[str]:
         """QEMU's command line (under ``timeout``)."""
@@ -159,6 +166,9 @@ class VMNode:
             "timeout", "-s", "KILL", str(int(self.hard_timeout)),
             qemu, "-nodefaults", "-no-user-config", "-no-reboot",
             "-display", "none", "-monitor", "none",
+            # Threads named for what they do ("CPU 0/TCG"), as vm_freeze reports them.
+            "-name", "nodedra-vm,debug-threads=on",
+            "-qmp", f"unix:{self.monitor_path},server=on,wait=off",
             # Appended to: a reboot's console follows the one before.
             "-chardev", f"file,id=console,path={self.console_path},append=on",
             "-serial", "chardev:console",
@@ -228,6 +238,7 @@ class VMNode:
         started = time.monotonic()
         deadline = started + boot_timeout
         self.agent_path.unlink(missing_ok=True)
+        self.frozen = ""
         self._console_at = self.console_path.stat().st_size if self.console_path.exists() else 0
         self._process = PeerProcess("qemu", self.argv(), self.log_path)
         self._agent = self._connect(deadline)
@@ -276,8 +287,12 @@ class VMNode:
                 self._check_boot_stalled()
             left = deadline - time.monotonic()
             if left <= 0:
-                kind = _BootStalledError if booting else VMError
-                raise kind(f"no answer from the guest ({what}) in time; {self._tails()}")
+                if booting:
+                    raise _BootStalledError(
+                        f"no answer from the guest ({what}) in time; {self._tails()}"
+                    )
+                self.frozen = f"no answer from the guest ({what}) in time"
+                raise VMError(f"{self.frozen}; {self._diagnosis()}; {self._tails()}")
             self._agent.settimeout(min(left, 1.0))
             try:
                 chunk = self._agent.recv(65536)
@@ -296,6 +311,8 @@ class VMNode:
         guest kills it after ``timeout`` seconds."""
         if self._agent is None:
             raise VMError("the guest is not running")
+        if self.frozen:
+            raise VMError(f"`{command}` not sent: the guest froze before ({self.frozen})")
         ident = self._next_id
         self._next_id += 1
         encoded = base64.b64encode(command.encode()).decode()
@@ -350,11 +367,22 @@ class VMNode:
             self._process.stop(grace=5)
             self._process = None
 
+    def _diagnosis(self) -> str:
+        """What QEMU and the virtual CPUs are doing (tests.peers.vm_freeze)."""
+        if self._process is None:
+            return "QEMU is not running"
+        return describe(self._process.popen.pid, self.monitor_path)
+
     def _tails(self) -> str:
         return "; ".join(f"{name}:\n{text}" for name, text in self.log_tails().items())
 
     def log_tails(self, lines: int = 40) -> dict[str, str]:
+        qemu = [
+            line
+            for line in tail(self.log_path, 400).splitlines()
+            if TCG_CPUID_WARNING not in line  # 13 lines a virtual CPU at each boot
+        ]
         return {
             f"vm console ({self.console_path})": tail(self.console_path, lines),
-            f"qemu ({self.log_path})": tail(self.log_path, lines),
+            f"qemu ({self.log_path})": "\n".join(qemu[-lines:]),
         }
