@@ -122,16 +122,12 @@ class ControlPlane:
         apiserver_args: Sequence[str] = (),
         *,
         address: str = LOOPBACK,
-        advertise_address: str | None = None,
     ) -> None:
         """``feature_gates``: every component's (default: the gates nodedra uses on);
         ``apiserver_args``: more flags of kube-apiserver; ``address``: where the API server
         listens, loopback by default. Another address (a real node's, in the test run's
         network namespace) makes it the endpoint of the `kubernetes` Service too, so that
-        pods on a pod network reach it through kube-proxy, as in a real cluster.
-        ``advertise_address`` (default ``address``): the endpoint the Service gets instead,
-        where a node reaches the API server by another address (a VM node, through QEMU's
-        forward on the API server's port)."""
+        pods on a pod network reach it through kube-proxy, as in a real cluster."""
         self.binaries = binaries
         self.workdir = (
             workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="nodedra-cp-"))
@@ -143,7 +139,6 @@ class ControlPlane:
         self.verbosity = verbosity
         self.apiserver_args = tuple(apiserver_args)
         self.address = address
-        self.advertise_address = advertise_address or address
         self.processes: dict[str, PeerProcess] = {}
         self.pki_dir = self.workdir / "pki"
         self.ca = CertificateAuthority(self.pki_dir)
@@ -152,9 +147,7 @@ class ControlPlane:
             "apiserver",
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=tuple(
-                dict.fromkeys((LOOPBACK, address, self.advertise_address, KUBERNETES_SERVICE_IP))
-            ),
+            ip_addresses=tuple(dict.fromkeys((LOOPBACK, address, KUBERNETES_SERVICE_IP))),
             server=True,
         )
         self.admin = self.ca.issue("admin", "nodedra-test-admin", organizations=("system:masters",))
@@ -300,13 +293,12 @@ class ControlPlane:
         self.url = f"https://{self.address}:{port}"
         # The endpoint reconciler refuses loopback addresses: on loopback, nothing reaches
         # the API server through the `kubernetes` Service.
-        advertised = self.advertise_address
-        reconciler = ["--endpoint-reconciler-type=none"] if advertised == LOOPBACK else []
+        reconciler = ["--endpoint-reconciler-type=none"] if self.address == LOOPBACK else []
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
             f"--bind-address={self.address}",
-            f"--advertise-address={advertised}",
+            f"--advertise-address={self.address}",
             *reconciler,
             f"--secure-port={port}",
             f"--tls-cert-file={self.serving.cert}",

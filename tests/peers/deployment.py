@@ -106,6 +106,19 @@ def rollout_status(kubectl: Kubectl, timeout: float = 180.0) -> str:
     return done.stdout
 
 
+def pod_token(node: RealNode, pod: Mapping[str, Any]) -> str:
+    """The ServiceAccount token the kubelet projected into a pod of ``node``: the pod's own
+    credentials, read where the kubelet mounted them (in the node's mount namespace)."""
+    uid = pod["metadata"]["uid"]
+    # The volume is a tmpfs the kubelet mounted below its root directory as it knows it.
+    volumes = Path(node.kubelet_root_dir, "pods", uid, "volumes", "kubernetes.io~projected")
+    listed = node.namespace.run(["ls", str(volumes)]).stdout.split()
+    access = [v for v in listed if v.startswith("kube-api-access-")]
+    if len(access) != 1:
+        raise LookupError(f"pod {uid}: no single kube-api-access volume in {listed}")
+    return node.namespace.run(["cat", str(volumes / access[0] / "token")]).stdout.strip()
+
+
 class DeploymentCluster:
     """The control plane, workload controllers and one real node (see the module)."""
 
@@ -226,15 +239,4 @@ class DeploymentCluster:
         )
 
     def pod_token(self, pod: Mapping[str, Any]) -> str:
-        """The ServiceAccount token the kubelet projected into a pod: the pod's own
-        credentials, read where the kubelet mounted them (in the node's mount namespace)."""
-        uid = pod["metadata"]["uid"]
-        # The volume is a tmpfs the kubelet mounted below its root directory as it knows it.
-        volumes = Path(
-            self.node.kubelet_root_dir, "pods", uid, "volumes", "kubernetes.io~projected"
-        )
-        listed = self.node.namespace.run(["ls", str(volumes)]).stdout.split()
-        access = [v for v in listed if v.startswith("kube-api-access-")]
-        if len(access) != 1:
-            raise LookupError(f"pod {uid}: no single kube-api-access volume in {listed}")
-        return self.node.namespace.run(["cat", str(volumes / access[0] / "token")]).stdout.strip()
+        return pod_token(self.node, pod)

@@ -10,8 +10,8 @@ What keeps it in its place:
 * QEMU runs in the test run's private network namespace (tests.peers.netns), with user
   networking ``restrict=on``: whatever the guest sends reaches nothing but the forwards a test
   asks for (``guest_forwards``: an address of the guest's network, :data:`HOST_ALIAS`, whose
-  ports lead to ports of the namespace's loopback, such as the API server's), and the tests
-  reach only the guest ports forwarded to the namespace's 127.0.0.1 (``host_forwards``).
+  ports lead to ports of the namespace's own addresses, such as the API server's), and the tests
+  reach only the guest ports forwarded to the namespace (``host_forwards``).
 * Every QEMU runs under ``timeout -s KILL`` (a TCG guest that hits an emulation failure hangs
   instead of exiting) in a process group of its own that ``stop()`` kills.
 * The disk is the cached image opened with ``-snapshot``: the guest's writes go to a
@@ -118,12 +118,12 @@ class VMNode:
         workdir: Path,
         *,
         hard_timeout: float = HARD_TIMEOUT,
-        guest_forwards: Mapping[int, int] | None = None,
+        guest_forwards: Mapping[int, tuple[str, int]] | None = None,
         host_forwards: Mapping[tuple[str, int], int] | None = None,
         persistent: bool = False,
         kernel_args: Sequence[str] = (),
     ) -> None:
-        """``guest_forwards``: guest port -> port on the namespace's 127.0.0.1: the guest
+        """``guest_forwards``: guest port -> (address, port) in the namespace: the guest
         reaches it at HOST_ALIAS:<guest port>, each connection relayed by tests.peers.vm_relay
         (and nothing else). ``host_forwards``: (address, port) of the namespace -> the guest's
         port (``hostfwd``: how the tests and the API server reach the kubelet's port).
@@ -201,8 +201,8 @@ class VMNode:
 
     def _nic(self) -> str:
         options = ["user", "restrict=on", "model=virtio-net-pci"]
-        for guest_port, host_port in sorted(self.guest_forwards.items()):
-            relay = f"{sys.executable} {_RELAY} 127.0.0.1 {host_port}"
+        for guest_port, (address, host_port) in sorted(self.guest_forwards.items()):
+            relay = f"{sys.executable} {_RELAY} {address} {host_port}"
             if "," in relay:
                 raise VMError(f"a comma in the relay's command line breaks -nic: {relay}")
             options.append(f"guestfwd=tcp:{HOST_ALIAS}:{guest_port}-cmd:{relay}")

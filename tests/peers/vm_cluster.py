@@ -6,10 +6,11 @@ the kubelet (``cgroupDriver: systemd``, ``failCgroupV1`` at its default: the gue
 v2), kube-proxy (nftables) and a pod network (CNI bridge, masqueraded out of the guest's NIC)
 as systemd units. What joins them, and nothing else:
 
-* the guest reaches the API server at HOST_ALIAS on the API server's own port (QEMU's
-  guestfwd, relayed to the namespace's loopback). The API server advertises that address, so
-  it is the endpoint of the ``kubernetes`` Service and a pod in the guest (nodedra's) reaches
-  it through kube-proxy, as in any cluster;
+* the API server listens on HOST_ALIAS, an address put on the namespace's ``lo``, and the
+  guest reaches it there on the API server's own port (QEMU's guestfwd, relayed to the
+  namespace's address). The API server advertises that address, so it is the endpoint of the
+  ``kubernetes`` Service and a pod (nodedra's) reaches it through kube-proxy, as in any
+  cluster: in the guest, and on a node of this machine that joins too (tests.peers.host_node);
 * the API server reaches the kubelet at the guest's address (GUEST_ADDRESS), which is also put
   on the namespace's ``lo`` and forwarded by QEMU to the guest's kubelet port: ``kubectl logs``
   works as on a real cluster;
@@ -67,9 +68,7 @@ class VMCluster:
         *,
         repo: Path,
     ) -> None:
-        self.cp = ControlPlane(
-            binaries, workdir / "cp", feature_gates, advertise_address=HOST_ALIAS
-        )
+        self.cp = ControlPlane(binaries, workdir / "cp", feature_gates, address=HOST_ALIAS)
         self.workdir = workdir
         self.kubectl = Kubectl(binaries.kubectl, self.cp.admin_kubeconfig, cwd=repo)
         self.boot = boot
@@ -86,13 +85,14 @@ class VMCluster:
     def __enter__(self) -> VMCluster:
         with self._stack:
             self._stack.callback(self.cp.stop)
+            add_loopback_address(HOST_ALIAS)
             self.cp.start()
             self.cp.start_workload_controllers()
             add_loopback_address(GUEST_ADDRESS)
             port = self.api_port
             self._vm = self._stack.enter_context(
                 self.boot(
-                    guest_forwards={port: port},
+                    guest_forwards={port: (HOST_ALIAS, port)},
                     host_forwards={(GUEST_ADDRESS, KUBELET_PORT): KUBELET_PORT},
                     persistent=True,
                 )

@@ -16,7 +16,7 @@ RELAY = Path(__file__).resolve().parents[1] / "peers" / "vm_relay.py"
 
 def _node(
     tmp_path: Path,
-    guest_forwards: dict[int, int] | None = None,
+    guest_forwards: dict[int, tuple[str, int]] | None = None,
     host_forwards: dict[tuple[str, int], int] | None = None,
 ) -> VMNode:
     image = VMImage(tmp_path, tmp_path / "k", tmp_path / "i", tmp_path / "d", "v", "p")
@@ -26,12 +26,12 @@ def _node(
 def test_the_guest_network_is_restricted_to_the_forwards_asked_for(tmp_path: Path) -> None:
     assert _node(tmp_path)._nic() == "user,restrict=on,model=virtio-net-pci"
     forwards = {("127.0.0.1", 42000): 10250, ("10.0.2.15", 10250): 10250}
-    nic = _node(tmp_path, guest_forwards={6443: 41000}, host_forwards=forwards)._nic()
+    nic = _node(tmp_path, guest_forwards={6443: (HOST_ALIAS, 41000)}, host_forwards=forwards)._nic()
     options = nic.split(",")
     assert options[:2] == ["user", "restrict=on"]
     (guestfwd,) = [o for o in options if o.startswith("guestfwd=")]
     assert guestfwd == (
-        f"guestfwd=tcp:{HOST_ALIAS}:6443-cmd:{sys.executable} {RELAY} 127.0.0.1 41000"
+        f"guestfwd=tcp:{HOST_ALIAS}:6443-cmd:{sys.executable} {RELAY} {HOST_ALIAS} 41000"
     )
     assert "hostfwd=tcp:127.0.0.1:42000-:10250" in options
     assert "hostfwd=tcp:10.0.2.15:10250-:10250" in options
