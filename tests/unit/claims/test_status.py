@@ -171,7 +171,7 @@ def test_a_failed_status_write_is_tried_again_with_backoff_until_written(
 ) -> None:
     ref = one_cpu_claim(node)
     node.manager.plugin.node_prepare([ref])
-    node.cluster.fail_next = [KubeAPIError(503, "the API server is busy")] * 5
+    FailingApply(node, KubeAPIError(503, "the API server is busy"), lambda: None, times=5)
     writer = fast_writer(node)
     with caplog.at_level(logging.WARNING, "nodedra.claims.status"):
         writer.start()
@@ -185,18 +185,30 @@ def test_a_failed_status_write_is_tried_again_with_backoff_until_written(
 
 
 class FailingApply:
-    """Status writes that fail, after doing ``meanwhile`` to the cluster."""
+    """Status writes that fail (the first ``times``, or all), after doing ``meanwhile`` to the
+    cluster. Only status writes: the slice publisher's thread talks to the cluster too, and a
+    failure for any next call could meet one of its calls instead."""
 
-    def __init__(self, node: Node, error: KubeAPIError, meanwhile: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        error: KubeAPIError,
+        meanwhile: Callable[[], None],
+        times: int | None = None,
+    ) -> None:
         self.error = error
         self.meanwhile = meanwhile
+        self.times = times
         self.tries = 0
+        self.apply = node.cluster.apply_claim_status
         node.cluster.apply_claim_status = self  # type: ignore[method-assign]
 
     def __call__(
         self, claim: Any, devices: list[dict[str, Any]], field_manager: str
     ) -> dict[str, Any]:
         self.tries += 1
+        if self.times is not None and self.tries > self.times:
+            return self.apply(claim, devices, field_manager)
         self.meanwhile()
         raise self.error
 
@@ -229,7 +241,7 @@ def test_a_conflict_reads_the_claim_again(node: Node) -> None:
     node.manager.plugin.node_prepare([ref])
     claim = node.cluster.get_claim("default", "claim-u1")
     gets = node.cluster.gets
-    node.cluster.fail_next = [KubeAPIError(409, "the object has been modified")]
+    FailingApply(node, KubeAPIError(409, "the object has been modified"), lambda: None, times=1)
     writer = fast_writer(node)
     writer.start()
     writer.request_done(prepared(ref, claim))
