@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.peers import go_driver_daemonset
 from tests.peers.build import PeerBinaries, ensure_binaries
 from tests.peers.busybox import busybox_binary
 from tests.peers.cache import Log, PeerBuildError, cache_root, locked, prune_cache_entries
@@ -62,7 +63,7 @@ from tests.peers.debian import (
 )
 from tests.peers.image_base import strip_rootfs
 from tests.peers.image_build import ImageBuildError, run_step
-from tests.peers.oci import write_image_archive
+from tests.peers.oci import ImageSpec, write_image_archive
 from tests.peers.peer_groups import CNI_PLUGINS, CONTAINERD_VERSIONS, containerd_peer
 from tests.peers.podnet import conflist
 from tests.peers.pods import PAUSE_IMAGE, node_image_specs
@@ -436,11 +437,24 @@ def pick_kernel() -> str:
     return max(found, key=lambda m: int(m.group(1))).group(0)
 
 
+def guest_peer_names() -> list[str]:
+    """The peers the guest carries: its programs and those of its images."""
+    containerd = [containerd_peer(c, GUEST_CONTAINERD) for c in _CONTAINERD_COMMANDS]
+    return [
+        *containerd,
+        "runc",
+        "kubelet",
+        "kube-proxy",
+        *CNI_PLUGINS,
+        "pause",
+        "workload",
+        "go-driver",
+    ]
+
+
 def guest_peers(log: Log = sys.stderr) -> PeerBinaries:
     """The peers' binaries the guest carries (cached, or built now)."""
-    names = [containerd_peer(c, GUEST_CONTAINERD) for c in _CONTAINERD_COMMANDS]
-    node = ["runc", "kubelet", "kube-proxy", *CNI_PLUGINS, "pause", "workload"]
-    return ensure_binaries(log, [*names, *node])
+    return ensure_binaries(log, guest_peer_names())
 
 
 def guest_binaries(binaries: PeerBinaries) -> dict[str, Path]:
@@ -465,6 +479,12 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def guest_image_specs(binaries: PeerBinaries) -> tuple[ImageSpec, ...]:
+    """The single-program images the guest carries: every node's (pause, workload) and the
+    Go driver's, which the VM cluster deploys as a DaemonSet beside nodedra."""
+    return (*node_image_specs(binaries), go_driver_daemonset.image_spec(binaries))
+
+
 def recipe_key(kernel_package: str, binaries: PeerBinaries, images: Sequence[Path] = ()) -> str:
     """Everything that shapes the image, hashed: the cache entry's name (the peers' binaries,
     the node images' programs and the preloaded archives by their content, so a rebuilt peer
@@ -472,7 +492,7 @@ def recipe_key(kernel_package: str, binaries: PeerBinaries, images: Sequence[Pat
     digest = hashlib.sha256(VM_IMAGE_SCHEME.encode())
     carried = {
         **{f"bin:{name}": path for name, path in guest_binaries(binaries).items()},
-        **{f"image/{spec.name}": spec.binary for spec in node_image_specs(binaries)},
+        **{f"image/{spec.name}": spec.binary for spec in guest_image_specs(binaries)},
         **{f"archive/{path.name}": path for path in images},
     }
     parts = (
@@ -495,7 +515,8 @@ def recipe_key(kernel_package: str, binaries: PeerBinaries, images: Sequence[Pat
 
 def ensure_vm_image(log: Log = sys.stderr, images: Sequence[Path] = ()) -> VMImage:
     """The VM node's image, with ``images`` (OCI archives, e.g. nodedra's) in its containerd
-    beside the node's own (pause, workload): cached, or built now (minutes) under a lock."""
+    beside the guest's own (pause, workload, the Go driver): cached, or built now (minutes)
+    under a lock."""
     ensure_host_tools(log)
     kernel = pick_kernel()
     binaries = guest_peers(log)
@@ -678,17 +699,17 @@ def _preload_images(
     transcript: Path,
     log: Log,
 ) -> None:
-    """Import the node's images (pause, workload) and ``images`` into the guest's containerd
-    store, with the guest's containerd run here, on the tree: inside the guest, under TCG,
-    ``ctr images import`` of nodedra's 317 MB image ran for over 10 minutes (hashing and
-    unpacking in emulation), here it takes seconds. The store is containerd's own layout
-    (content, metadata, overlayfs snapshots), relative to its root, so the guest's containerd
-    finds the images unpacked, as after a pull. containerd runs without its CRI plugins, in a
-    mount namespace of its own (unpacking mounts), and is stopped before mkfs."""
+    """Import the guest's images (pause, workload, the Go driver) and ``images`` into its
+    containerd store, with the guest's containerd run here, on the tree: inside the guest,
+    under TCG, ``ctr images import`` of nodedra's 317 MB image ran for over 10 minutes
+    (hashing and unpacking in emulation), here it takes seconds. The store is containerd's
+    own layout (content, metadata, overlayfs snapshots), relative to its root, so the guest's
+    containerd finds the images unpacked, as after a pull. containerd runs without its CRI
+    plugins, in a mount namespace of its own (unpacking mounts), and is stopped before mkfs."""
     archives = work / "archives"
     archives.mkdir()
     node_archives = []
-    for spec in node_image_specs(binaries):
+    for spec in guest_image_specs(binaries):
         node_archives.append(archives / f"{spec.path_in_image}.tar")
         write_image_archive(spec, node_archives[-1])
     state = work / "containerd-state"

@@ -11,7 +11,6 @@ import pytest
 
 from tests.peers import vm_image
 from tests.peers.build import PeerBinaries
-from tests.peers.peer_groups import CNI_PLUGINS, containerd_peer
 from tests.peers.vm_image import VMImageError, extract_vmlinux, recipe_key
 
 
@@ -30,15 +29,7 @@ def test_a_bzimage_without_an_xz_elf_payload_is_refused() -> None:
 
 def _peers(directory: Path) -> PeerBinaries:
     """Stand-ins for the binaries the guest carries, each file holding its name."""
-    names = [
-        *(containerd_peer(c, vm_image.GUEST_CONTAINERD) for c in vm_image._CONTAINERD_COMMANDS),
-        "runc",
-        "kubelet",
-        "kube-proxy",
-        *CNI_PLUGINS,
-        "pause",
-        "workload",
-    ]
+    names = vm_image.guest_peer_names()
     for name in names:
         (directory / name).write_text(name)
     return PeerBinaries({name: directory / name for name in names})
@@ -61,22 +52,7 @@ def test_the_cache_key_changes_with_the_recipe(
     assert recipe_key(kernel, peers) == key
 
 
-@pytest.mark.parametrize(
-    "changed",
-    [
-        "containerd-v2.4.2",
-        "containerd-shim-runc-v2-v2.4.2",
-        "ctr-v2.4.2",
-        "runc",
-        "kubelet",
-        "kube-proxy",
-        "bridge",
-        "host-local",
-        "loopback",
-        "pause",
-        "workload",
-    ],
-)
+@pytest.mark.parametrize("changed", vm_image.guest_peer_names())
 def test_the_cache_key_follows_the_content_of_the_binaries_the_guest_carries(
     tmp_path: Path, changed: str
 ) -> None:

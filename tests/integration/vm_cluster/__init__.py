@@ -4,12 +4,13 @@
 One cluster for the package (tests.peers.vm_cluster, the ``vm_cluster`` fixture of its
 conftest): a control plane of its own on this machine and the guest joined to it. The modules
 run in order, each test going on from where the one before left the cluster:
-``test_cluster`` deploys nodedra and pins a claim, ``test_hugepages`` claims huge pages,
-``test_quiet_cpus`` keeps the host's work off a claim's CPU (and leaves that on),
+``test_beside_an_accelerator`` deploys the Go driver beside nodedra and aligns claims with its
+accelerator (and removes it), ``test_cluster`` pins a claim, ``test_hugepages`` claims huge
+pages, ``test_quiet_cpus`` keeps the host's work off a claim's CPU (and leaves that on),
 ``test_restarts`` restarts containerd, nodedra, and the whole guest (a reboot and a power
 cut), ``test_two_nodes`` joins this machine's real node as a second node. What counts is read
-inside the guest (and, for the second node, on this machine):
-each container's ``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
+inside the guest (and, for the second node, on this machine): each container's
+``/proc/<pid>/status`` and the cgroup v2 files of its systemd scope and pod
 slice.
 """
 

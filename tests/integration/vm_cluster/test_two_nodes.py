@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from nodedra.topology import parse_cpu_list
+from tests.integration.test_node_allocatable import wait_unschedulable
 from tests.integration.vm_cluster import CLAIMS, TEST_NAMESPACE, numa1_claim
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import get_pod, poll, resource_slices
@@ -258,14 +259,7 @@ def test_a_drained_node_gives_its_claim_back_and_takes_one_again_once_returned(
     cp.request("POST", CLAIMS, _host_claim("returned"))
     create_pod(cp, TEST_NAMESPACE, _claim_pod("returned", "returned"))
 
-    def unschedulable() -> str | None:
-        conditions = (get_pod(cp, TEST_NAMESPACE, "returned").get("status") or {}).get(
-            "conditions"
-        ) or []
-        found = [c for c in conditions if c.get("reason") == "Unschedulable"]
-        return str(found[0].get("message")) if found else None
-
-    message = poll(unschedulable, 120, lambda: "the scheduler's reason for the pod waiting")
+    message = wait_unschedulable(cp, TEST_NAMESPACE, "returned")
     assert "unschedulable" in message, message
 
     kubectl("uncordon", HOST_NODE)

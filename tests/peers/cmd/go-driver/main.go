@@ -81,7 +81,7 @@ func main() {
 	}
 	klog.InitFlags(nil)
 	var cfg config
-	flag.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (required)")
+	flag.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: the pod's own, in a cluster)")
 	flag.StringVar(&cfg.nodeName, "node-name", "", "name of the node this plugin serves (required)")
 	flag.StringVar(&cfg.driverName, "driver-name", "go.nodedra.test", "DRA driver name")
 	flag.StringVar(&cfg.registryDir, "registry-dir", "", "kubelet plugin registry directory (required)")
@@ -108,8 +108,7 @@ func main() {
 
 func run(cfg config) error {
 	for name, value := range map[string]string{
-		"--kubeconfig": cfg.kubeconfig, "--node-name": cfg.nodeName,
-		"--registry-dir": cfg.registryDir, "--plugin-dir": cfg.pluginDir,
+		"--node-name": cfg.nodeName, "--registry-dir": cfg.registryDir, "--plugin-dir": cfg.pluginDir,
 	} {
 		if value == "" {
 			return fmt.Errorf("%s is required", name)
