@@ -28,13 +28,9 @@ from tests.fixtures.sysfs import generate
 from tests.peers import cluster
 from tests.peers.build import PeerBinaries
 from tests.peers.cluster import create_ready_node, pool_devices
-from tests.peers.controlplane import (
-    LOOPBACK,
-    ControlPlane,
-    feature_gates_flag,
-    free_port,
-)
+from tests.peers.controlplane import ControlPlane, feature_gates_flag
 from tests.peers.kubelet import KubeletHarness
+from tests.peers.ports import LOOPBACK, free_port
 from tests.peers.process import PeerProcess
 from tests.peers.prometheus import sample
 

@@ -19,7 +19,8 @@ from kubernetes.client import ApiClient, Configuration
 
 from nodedra.dra import ClaimRef, KubeAPIError, KubeClusterAPI, Options, Plugin
 from tests.peers.cluster import resource_slices
-from tests.peers.controlplane import LOOPBACK, ControlPlane, free_port
+from tests.peers.controlplane import ControlPlane
+from tests.peers.ports import LOOPBACK, free_port
 from tests.peers.profile import ClusterProfile
 from tests.unit.dra.fakes import FakeOwner, FakePolicy
 

@@ -35,7 +35,7 @@ from tests.peers.cluster import (
     poll,
     resource_slices,
 )
-from tests.peers.controlplane import LOOPBACK, ControlPlane, free_port, write_kubeconfig
+from tests.peers.controlplane import ControlPlane, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness
 from tests.peers.nodedra_node import (
     MANIFESTS,
@@ -57,6 +57,7 @@ from tests.peers.nodedra_node import (
     start_claim_pod,
     wait_claim_status,
 )
+from tests.peers.ports import LOOPBACK, free_port
 from tests.peers.profile import ClusterProfile
 
 DEVICES = 4

@@ -44,7 +44,8 @@ from tests.peers.cluster import (
     wait_for_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import LOOPBACK, ControlPlane
+from tests.peers.controlplane import ControlPlane
+from tests.peers.ports import LOOPBACK
 from tests.peers.profile import ClusterProfile
 
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")

@@ -22,8 +22,9 @@ import pytest
 from nodedra.topology import format_cpu_list, parse_cpu_list
 from tests.conftest import NodedraFactory, RealNodeFactory
 from tests.integration.test_node_pinning import RESERVED, Pinned, pinned_node
-from tests.peers.controlplane import LOOPBACK, ControlPlane
+from tests.peers.controlplane import ControlPlane
 from tests.peers.pods import WORKLOAD_CONTAINER, container_id, proc_status, wait_pod_running
+from tests.peers.ports import LOOPBACK
 from tests.peers.runtime import NODE_RUNTIMES
 
 POLICY = "topology-aware"

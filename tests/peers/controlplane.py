@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import ssl
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 from tests.peers.build import PeerBinaries
 from tests.peers.pki import CertificateAuthority, CertPair, service_account_key_pair
+from tests.peers.ports import LOOPBACK, free_port
 from tests.peers.process import PeerProcess, PeerProcessError
 from tests.peers.profile import gates_for, runtime_config
 
@@ -38,7 +38,6 @@ from tests.peers.profile import gates_for, runtime_config
 #: controller would mark test nodes unreachable and taint them.
 CONTROLLERS = "*,-node-lifecycle-controller"
 
-LOOPBACK = "127.0.0.1"
 
 #: The service CIDR, and the `kubernetes` Service's address in it (its first address), which
 #: pods reach the API server by (KUBERNETES_SERVICE_HOST) where kube-proxy runs.
@@ -49,14 +48,6 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 def feature_gates_flag(gates: Mapping[str, bool]) -> str:
     """Render gates as the components' --feature-gates value."""
     return ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(gates.items()))
-
-
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class APIError(RuntimeError):
@@ -289,7 +280,7 @@ class ControlPlane:
         self._spawn("etcd", self._etcd_argv(), healthy, timeout, "etcd /health")
 
     def _apiserver_argv(self, port: int | None = None) -> list[str]:
-        port = port or free_port()
+        port = port or free_port(self.address)
         self.url = f"https://{self.address}:{port}"
         # The endpoint reconciler refuses loopback addresses: on loopback, nothing reaches
         # the API server through the `kubernetes` Service.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import ssl
 import urllib.error
 import urllib.parse
@@ -26,6 +25,7 @@ from tests.peers.build import PeerBinaries
 from tests.peers.cluster import poll
 from tests.peers.controlplane import ControlPlane
 from tests.peers.mountns import MountNamespace
+from tests.peers.ports import free_port
 from tests.peers.process import PeerProcess, PeerProcessError
 
 #: The taint a new Node gets at registration (admission plugin TaintNodesByCondition). The
@@ -69,13 +69,6 @@ def kubelet_configuration(
 
 class KubeletError(RuntimeError):
     """The kubelet failed to start or to make its Node Ready; the message says what."""
-
-
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class NodeKubelet:
@@ -138,8 +131,8 @@ class NodeKubelet:
             ip_addresses=(self.node_ip,),
             server=True,
         )
-        self.port = _free_port(self.node_ip)
-        self.healthz_port = _free_port("127.0.0.1")
+        self.port = free_port(self.node_ip)
+        self.healthz_port = free_port("127.0.0.1")
         config = kubelet_configuration(
             runtime_endpoint=f"unix://{runtime_socket}",
             cgroup_driver="cgroupfs",

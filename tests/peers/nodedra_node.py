@@ -50,8 +50,9 @@ from tests.peers.cluster import (
     resource_slices,
     wait_pod_scheduled,
 )
-from tests.peers.controlplane import LOOPBACK, APIError, ControlPlane, free_port, write_kubeconfig
+from tests.peers.controlplane import APIError, ControlPlane, write_kubeconfig
 from tests.peers.kubelet import KubeletHarness, RegisteredPlugin
+from tests.peers.ports import LOOPBACK, free_port
 from tests.peers.process import PeerProcess, PeerProcessError
 from tests.peers.prometheus import sample
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.peers.build import PeerBinaries
-from tests.peers.controlplane import ControlPlane, free_port, write_kubeconfig
+from tests.peers.controlplane import ControlPlane, write_kubeconfig
 from tests.peers.peer_groups import CNI_PLUGINS
+from tests.peers.ports import free_port
 from tests.peers.process import PeerProcess, PeerProcessError
 
 #: The pods' addresses and the bridge they hang off; its first address is the pods' gateway.
