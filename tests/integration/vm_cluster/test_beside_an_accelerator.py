@@ -23,6 +23,7 @@ import pytest
 from nodedra.policy.protocol import NUMA_NODE_ATTRIBUTE
 from nodedra.topology import parse_cpu_list
 from tests.integration.test_node_allocatable import wait_unschedulable
+from tests.integration.test_numa_attribute import beside, on_node
 from tests.integration.vm_cluster import (
     CLAIM_MEMORY,
     CLAIMS,
@@ -88,22 +89,14 @@ def test_the_accelerator_says_its_numa_node_as_the_official_helper_does(
 
 
 def _beside(name: str, driver: str, **cpus: Any) -> dict[str, Any]:
-    """A claim of the accelerator and CPUs of ``driver``, on one NUMA node."""
+    """test_numa_attribute's claim of the accelerator and CPUs on one NUMA node, as a
+    ResourceClaim of its own."""
+    template = beside(name, accelerator.DRIVER, driver, **cpus)
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "gpu", "exactly": {"deviceClassName": accelerator.DRIVER}},
-                    {"name": "cpus", "exactly": {"deviceClassName": driver, **cpus}},
-                ],
-                "constraints": [
-                    {"requests": ["gpu", "cpus"], "matchAttribute": NUMA_NODE_ATTRIBUTE}
-                ],
-            }
-        },
+        "metadata": template["metadata"],
+        "spec": template["spec"]["spec"],
     }
 
 
@@ -124,8 +117,8 @@ def _use_policy(cluster: VMCluster, driver: str, old: str) -> None:
 
 def _release(cluster: VMCluster, *names: str) -> None:
     for name in names:
-        cluster.cp.request("DELETE", f"{PODS}/{name}")
-        cluster.cp.request("DELETE", f"{CLAIMS}/{name}")
+        cluster.cp.delete_if_present(f"{PODS}/{name}")
+        cluster.cp.delete_if_present(f"{CLAIMS}/{name}")
     poll(
         lambda: True if not cluster.cp.request("GET", CLAIMS)["items"] else None,
         300,
@@ -140,10 +133,10 @@ def test_cpus_and_memory_of_the_accelerator_s_numa_node(
 ) -> None:
     cluster = beside_accelerator
     cp = cluster.cp
+    aligned, apart = f"aligned-{POLICY[driver]}", f"apart-{POLICY[driver]}"
     if driver != TOPOLOGY_AWARE:
         _use_policy(cluster, driver, TOPOLOGY_AWARE)
     try:
-        aligned, apart = f"aligned-{POLICY[driver]}", f"apart-{POLICY[driver]}"
         cp.request("POST", CLAIMS, _beside(aligned, driver, **CPUS[driver]))
         create_pod(cp, TEST_NAMESPACE, claim_pod(aligned, aligned))
         pod = wait_pod_running(cp, TEST_NAMESPACE, aligned, timeout=300)
@@ -151,12 +144,12 @@ def test_cpus_and_memory_of_the_accelerator_s_numa_node(
         assert parse_cpu_list(cpus) <= {2, 3}, f"CPUs {cpus} are not NUMA node 1's"
         assert mems == str(ACCELERATOR_NODE), mems
 
-        node_0 = f'device.attributes["{driver}"].numaNode == 0'
-        claim = _beside(apart, driver, selectors=[{"cel": {"expression": node_0}}], **CPUS[driver])
+        claim = _beside(apart, driver, selectors=[on_node(driver, 0)], **CPUS[driver])
         cp.request("POST", CLAIMS, claim)
         create_pod(cp, TEST_NAMESPACE, claim_pod(apart, apart))
         assert "cannot allocate all claims" in wait_unschedulable(cp, TEST_NAMESPACE, apart)
-        _release(cluster, aligned, apart)
     finally:
+        # Released first: nodedra refuses a policy change while claims are prepared.
+        _release(cluster, aligned, apart)
         if driver != TOPOLOGY_AWARE:
             _use_policy(cluster, TOPOLOGY_AWARE, driver)
