@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.peers.process import PeerProcess, tail
-from tests.peers.vm_freeze import describe
+from tests.peers.vm_freeze import describe, qemu_options
 from tests.peers.vm_image import AGENT_PORT, QBOOT, VMImage
 
 #: The kernel command line: serial console, systemd on the unified hierarchy, and huge pages
@@ -166,9 +166,7 @@ class VMNode:
             "timeout", "-s", "KILL", str(int(self.hard_timeout)),
             qemu, "-nodefaults", "-no-user-config", "-no-reboot",
             "-display", "none", "-monitor", "none",
-            # Threads named for what they do ("CPU 0/TCG"), as vm_freeze reports them.
-            "-name", "nodedra-vm,debug-threads=on",
-            "-qmp", f"unix:{self.monitor_path},server=on,wait=off",
+            *qemu_options(self.monitor_path),
             # Appended to: a reboot's console follows the one before.
             "-chardev", f"file,id=console,path={self.console_path},append=on",
             "-serial", "chardev:console",

@@ -24,6 +24,15 @@ QMP_TIMEOUT = 5.0
 SAMPLE_SECONDS = 2.0
 
 
+def qemu_options(monitor: Path) -> list[str]:
+    """What QEMU is started with so that it can be described: threads named for what they
+    do ("CPU 0/TCG"), and its monitor on a Unix socket at ``monitor``."""
+    return [
+        "-name", "nodedra-vm,debug-threads=on",
+        "-qmp", f"unix:{monitor},server=on,wait=off",
+    ]  # fmt: skip
+
+
 def qemu_pid(parent: int) -> int | None:
     """QEMU's pid: the child of ``timeout`` (the process the tests start)."""
     try:
@@ -118,10 +127,11 @@ def monitor_report(path: Path) -> str:
         return f"QEMU's monitor stopped answering ({err}): its main loop may be stuck"
     finally:
         monitor.close()
+    # RIP in long mode, EIP before it (a CPU still in real or protected mode).
     cpus = [
-        f"CPU {n}: RIP={rip} HLT={halted}"
-        for n, (rip, halted) in enumerate(
-            re.findall(r"RIP=([0-9a-f]+) [^\n]*HLT=(\d)", str(registers))
+        f"CPU {n}: IP={ip} HLT={halted}"
+        for n, (ip, halted) in enumerate(
+            re.findall(r"[RE]IP=([0-9a-f]+) [^\n]*HLT=(\d)", str(registers))
         )
     ]
     return "\n".join([f"machine {status.get('status')}", *cpus])
