@@ -39,6 +39,9 @@ def held_machine(peer_workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
         poll(lambda: monitor.exists() or None, 30, lambda: f"QEMU's monitor at {monitor}")
         yield process, monitor
     finally:
+        qemu = qemu_pid(process.pid)
+        if qemu is not None:  # timeout, killed, would leave QEMU running
+            os.kill(qemu, signal.SIGKILL)
         process.kill()
         process.wait()
 
