@@ -39,11 +39,18 @@ def held_machine(peer_workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
         poll(lambda: monitor.exists() or None, 30, lambda: f"QEMU's monitor at {monitor}")
         yield process, monitor
     finally:
-        qemu = qemu_pid(process.pid)
-        if qemu is not None:  # timeout, killed, would leave QEMU running
-            os.kill(qemu, signal.SIGKILL)
+        _signal_qemu(process, signal.SIGKILL)  # timeout, killed, would leave QEMU running
         process.kill()
         process.wait()
+
+
+def _signal_qemu(process: subprocess.Popen[bytes], signum: signal.Signals) -> bool:
+    """Send QEMU (``timeout``'s child) ``signum``; False when it is not running."""
+    pid = qemu_pid(process.pid)
+    if pid is None:
+        return False
+    os.kill(pid, signum)
+    return True
 
 
 def test_a_held_machine_is_described_by_its_threads_and_its_monitor(
@@ -66,13 +73,11 @@ def test_a_stopped_qemu_is_told_by_its_silent_monitor(
     held_machine: tuple[subprocess.Popen[bytes], Path],
 ) -> None:
     process, monitor = held_machine
-    pid = qemu_pid(process.pid)
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    assert _signal_qemu(process, signal.SIGSTOP)
     try:
         report = describe(process.pid, monitor)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        _signal_qemu(process, signal.SIGCONT)
     assert re.search(r"^CPU 0/TCG \[\d+\]: T, 0% of a CPU$", report, re.M), report
     assert "QEMU's monitor did not answer (timed out): its main loop may be stuck" in report
 
@@ -81,8 +86,6 @@ def test_a_qemu_that_is_gone_is_said_to_be(
     held_machine: tuple[subprocess.Popen[bytes], Path],
 ) -> None:
     process, monitor = held_machine
-    pid = qemu_pid(process.pid)
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
+    assert _signal_qemu(process, signal.SIGKILL)
     poll(lambda: process.poll() is not None or None, 30, lambda: "timeout to end with QEMU")
     assert describe(process.pid, monitor) == "QEMU is not running"
