@@ -17,7 +17,7 @@ import pytest
 
 from tests.peers.cluster import poll
 from tests.peers.vm import QEMU
-from tests.peers.vm_freeze import describe, qemu_options, qemu_pid
+from tests.peers.vm_freeze import describe, monitor_report, qemu_options, qemu_pid
 from tests.peers.vm_image import ensure_host_tools
 
 CPUS = 2
@@ -36,7 +36,14 @@ def held_machine(peer_workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
     ]  # fmt: skip
     process = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
     try:
-        poll(lambda: monitor.exists() or None, 30, lambda: f"QEMU's monitor at {monitor}")
+        # The monitor answers once QEMU's main loop runs: the machine and its CPUs' threads
+        # are made before it (its socket, earlier: a CI run described a QEMU whose threads
+        # were not there yet).
+        poll(
+            lambda: monitor_report(monitor).startswith("machine prelaunch") or None,
+            60,
+            lambda: f"QEMU's monitor at {monitor} to answer",
+        )
         yield process, monitor
     finally:
         _signal_qemu(process, signal.SIGKILL)  # timeout, killed, would leave QEMU running
