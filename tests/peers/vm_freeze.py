@@ -68,8 +68,9 @@ def threads_report(pid: int) -> str:
     ticks = SAMPLE_SECONDS * 100  # USER_HZ
     lines = [
         f"{name}: {state}, {100 * (used - before[name][1]) / ticks:.0f}% of a CPU"
-        for name, (state, used) in sorted(after.items())
         if name in before
+        else f"{name}: {state}, new in the last {SAMPLE_SECONDS:g} s"
+        for name, (state, used) in sorted(after.items())
     ]
     return "\n".join(lines)
 
