@@ -83,6 +83,9 @@ class PeerGroup:
             # Our sources live in the nodedra repository; stamping its VCS state
             # into test binaries only breaks builds in unusual checkouts.
             "-buildvcs=false",
+            # The linker leaves debug information out (-s -w), so the compiler need not make
+            # it: a cold build of helm took 77 s instead of 86 to 95.
+            "-gcflags=all=-dwarf=false",
             "-ldflags",
             " ".join(self.ldflags),
         ]
